@@ -1,0 +1,9 @@
+"""course_lib: the shared library of the positional-encodings course.
+
+Importing it decides, once, where Triton kernels run (see :mod:`course_lib.runtime`).
+"""
+
+from course_lib.runtime import KERNEL_MODE, describe_kernel_mode, kernel_mode
+
+__all__ = ["KERNEL_MODE", "describe_kernel_mode", "kernel_mode"]
+__version__ = "0.1.0"

@@ -1,0 +1,103 @@
+"""Input checks shared by the references, the modules and the kernel wrappers.
+
+Every check raises a ``ValueError`` or ``TypeError`` that says what was wrong and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+__all__ = [
+    "check_choice",
+    "check_qkv",
+    "check_position_ids",
+    "check_key_padding_mask",
+    "default_position_ids",
+]
+
+
+def check_choice(what: str, value: object, allowed: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``allowed``; else raise a ValueError listing them."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(map(repr, allowed))}")
+    return value  # type: ignore[return-value]
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q ``[batch, heads, seq_q, head_dim]``, k and v ``[batch, heads, seq_k, head_dim]``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be [batch, heads, seq, head_dim] (4-D), got shape {tuple(t.shape)}"
+            )
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    b, h, _, d = q.shape
+    if (k.shape[0], k.shape[1], k.shape[3]) != (b, h, d):
+        raise ValueError(
+            "q and k must agree in batch, heads and head_dim: "
+            f"q is {tuple(q.shape)}, k is {tuple(k.shape)}"
+        )
+    if q.shape[2] > k.shape[2]:
+        raise ValueError(
+            f"q has more positions ({q.shape[2]}) than k ({k.shape[2]}); queries are the last "
+            "seq_q positions of the key sequence, so seq_q <= seq_k is required"
+        )
+
+
+def default_position_ids(seq: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``arange(seq)`` as int64: the positions 0..seq-1."""
+    return torch.arange(seq, device=device, dtype=torch.long)
+
+
+def check_position_ids(
+    position_ids: torch.Tensor, batch: int, seq: int, device: torch.device
+) -> torch.Tensor:
+    """Integer ``[seq]`` or ``[batch, seq]`` on ``device``; returned as ``[1 or batch, seq]``."""
+    if not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
+    if position_ids.dtype == torch.bool or position_ids.is_floating_point() or position_ids.is_complex():
+        raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
+    if position_ids.device != device:
+        raise ValueError(
+            f"position_ids are on {position_ids.device} but the inputs are on {device}"
+        )
+    if position_ids.dim() == 1 and position_ids.shape[0] == seq:
+        return position_ids.unsqueeze(0)
+    if position_ids.dim() == 2 and position_ids.shape[1] == seq and position_ids.shape[0] in (1, batch):
+        return position_ids
+    raise ValueError(
+        f"position_ids must have shape [{seq}] or [{batch}, {seq}] (one position per key), "
+        f"got {tuple(position_ids.shape)}"
+    )
+
+
+def check_key_padding_mask(
+    mask: torch.Tensor, batch: int, seq: int, device: torch.device
+) -> torch.Tensor:
+    """Bool ``[batch, seq]``, True for real tokens, on ``device``."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"key_padding_mask must be a bool tensor (True = real token), got {mask.dtype}"
+        )
+    if tuple(mask.shape) != (batch, seq):
+        raise ValueError(
+            f"key_padding_mask must have shape [batch, seq] = [{batch}, {seq}], "
+            f"got {tuple(mask.shape)}"
+        )
+    if mask.device != device:
+        raise ValueError(f"key_padding_mask is on {mask.device} but the inputs are on {device}")
+    return mask
