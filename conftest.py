@@ -9,5 +9,4 @@ import tempfile
 
 os.environ.setdefault("COURSE_OUTPUT_DIR", tempfile.mkdtemp(prefix="course-test-output-"))
 os.environ["COURSE_SOLUTIONS"] = "1"
-os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TQDM_DISABLE", "1")

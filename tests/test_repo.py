@@ -1,0 +1,32 @@
+"""The repository keeps its promises: CI runs the README's test command, links resolve."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    return re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+def test_ci_runs_the_readme_test_command():
+    test_command = next(c for c in readme_commands() if c.rstrip().endswith("-m pytest"))
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert test_command.strip() in ci_lines
+
+
+def test_readme_links_to_existing_notebooks_in_order():
+    links = re.findall(r"\]\((notebooks/[^)]+\.ipynb)\)", (ROOT / "README.md").read_text())
+    assert links == sorted(links) and len(links) >= 7
+    for link in links:
+        assert (ROOT / link).exists(), link
+
+
+def test_requirements_use_floors_not_pins():
+    lines = [
+        line.split("#")[0].strip()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+    ]
+    for line in filter(None, lines):
+        assert "==" not in line, line
