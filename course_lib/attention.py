@@ -79,7 +79,9 @@ def _check_distance_penalty(lam: torch.Tensor, heads: int, like: torch.Tensor) -
     if not isinstance(lam, torch.Tensor) or not lam.is_floating_point():
         raise TypeError("distance_penalty must be a floating-point tensor [heads]")
     if tuple(lam.shape) != (heads,):
-        raise ValueError(f"distance_penalty must have shape [heads] = [{heads}], got {tuple(lam.shape)}")
+        raise ValueError(
+            f"distance_penalty must have shape [heads] = [{heads}], got {tuple(lam.shape)}"
+        )
     if lam.device != like.device:
         raise ValueError(f"distance_penalty is on {lam.device} but q is on {like.device}")
     if bool((lam.detach() < 0).any()):
@@ -99,7 +101,9 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
         check_key_padding_mask(key_padding_mask, batch, seq_k, q.device)
     if method in _USES_POSITIONS:
         if head_dim % 2:
-            raise ValueError(f"method={method!r} rotates channel pairs: head_dim must be even, got {head_dim}")
+            raise ValueError(
+                f"method={method!r} rotates channel pairs: head_dim must be even, got {head_dim}"
+            )
         if position_ids is None:
             position_ids = default_position_ids(seq_k, q.device)
         position_ids = check_position_ids(position_ids, batch, seq_k, q.device)
@@ -139,7 +143,9 @@ def _weights(q, k, method, causal, key_padding_mask, position_ids, params):
         encode = apply_exposb if method == "exposb" else apply_rope
         q = encode(q, query_pos.expand(q.shape[0], -1), base=params["base"], style=params["style"])
         k = encode(k, key_pos.expand(k.shape[0], -1), base=params["base"], style=params["style"])
-        distance = (query_pos.unsqueeze(-1) - key_pos.unsqueeze(-2)).abs().unsqueeze(1)  # [B,1,Nq,Nk]
+        distance = (
+            (query_pos.unsqueeze(-1) - key_pos.unsqueeze(-2)).abs().unsqueeze(1)
+        )  # [B,1,Nq,Nk]
     logits = torch.matmul(q, k.transpose(-1, -2)) * params["scale"]
     if method == "exposb":
         logits = logits + exposb_distance_bias(query_pos, key_pos).unsqueeze(1).to(dt)

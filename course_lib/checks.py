@@ -42,7 +42,9 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     b, h, _, d = q.shape
     if (k.shape[0], k.shape[1], k.shape[3]) != (b, h, d):
         raise ValueError(
@@ -67,7 +69,11 @@ def check_position_ids(
     """Integer ``[seq]`` or ``[batch, seq]`` on ``device``; returned as ``[1 or batch, seq]``."""
     if not isinstance(position_ids, torch.Tensor):
         raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
-    if position_ids.dtype == torch.bool or position_ids.is_floating_point() or position_ids.is_complex():
+    if (
+        position_ids.dtype == torch.bool
+        or position_ids.is_floating_point()
+        or position_ids.is_complex()
+    ):
         raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
     if position_ids.device != device:
         raise ValueError(
@@ -75,7 +81,11 @@ def check_position_ids(
         )
     if position_ids.dim() == 1 and position_ids.shape[0] == seq:
         return position_ids.unsqueeze(0)
-    if position_ids.dim() == 2 and position_ids.shape[1] == seq and position_ids.shape[0] in (1, batch):
+    if (
+        position_ids.dim() == 2
+        and position_ids.shape[1] == seq
+        and position_ids.shape[0] in (1, batch)
+    ):
         return position_ids
     raise ValueError(
         f"position_ids must have shape [{seq}] or [{batch}, {seq}] (one position per key), "

@@ -37,10 +37,14 @@ ROPE_STYLES = ("interleaved", "half")
 # --------------------------------------------------------------------------------------------
 def _check_even_dim(dim: int, what: str) -> None:
     if not isinstance(dim, int) or dim <= 0 or dim % 2:
-        raise ValueError(f"{what} must be a positive even integer (channels come in pairs), got {dim}")
+        raise ValueError(
+            f"{what} must be a positive even integer (channels come in pairs), got {dim}"
+        )
 
 
-def sinusoidal_embedding(position_ids: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+def sinusoidal_embedding(
+    position_ids: torch.Tensor, dim: int, base: float = 10000.0
+) -> torch.Tensor:
     """Sinusoidal codes of arbitrary positions: ``[...] -> [..., dim]`` (float32).
 
     ``PE[p, 2i] = sin(p / base**(2i/dim))``, ``PE[p, 2i+1] = cos(p / base**(2i/dim))``.
@@ -49,7 +53,9 @@ def sinusoidal_embedding(position_ids: torch.Tensor, dim: int, base: float = 100
     _check_even_dim(dim, "dim")
     if position_ids.is_floating_point() or position_ids.dtype == torch.bool:
         raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=position_ids.device) / dim)
+    inv_freq = base ** (
+        -torch.arange(0, dim, 2, dtype=torch.float64, device=position_ids.device) / dim
+    )
     angles = position_ids.to(torch.float64).unsqueeze(-1) * inv_freq  # [..., dim/2]
     pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave sin, cos
     return pe.to(torch.float32)
@@ -82,7 +88,9 @@ def sinusoidal_shift_matrix(shift: int, dim: int, base: float = 10000.0) -> torc
 def rope_inverse_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
     """``w_t = base**(-2t/head_dim)`` for pairs ``t = 0..head_dim/2-1`` (float32)."""
     _check_even_dim(head_dim, "head_dim for RoPE")
-    return (base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).to(torch.float32)
+    return (base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).to(
+        torch.float32
+    )
 
 
 def rope_angles(position_ids: torch.Tensor, head_dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -112,7 +120,9 @@ def _angles_for(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> tor
     return angles
 
 
-def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+def _rotate_pairs(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
+) -> torch.Tensor:
     """Rotate channel pairs: ``(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)``."""
     if style == "interleaved":
         x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -183,7 +193,9 @@ def exposb_distance_factor(distance: torch.Tensor) -> torch.Tensor:
     return 0.7 + 0.3 * torch.exp(-0.005 * distance.to(torch.float32).abs())
 
 
-def exposb_distance_bias(query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+def exposb_distance_bias(
+    query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
     """``log f(|m-n|)``, added to the logits: ``[..., seq_q]``, ``[..., seq_k] -> [..., seq_q, seq_k]``.
 
     Adding ``log f`` to the logits multiplies each softmax weight by ``f`` and renormalises the
@@ -235,7 +247,9 @@ def _one_stick(z: torch.Tensor, allowed: torch.Tensor, nearest_is_last: bool) ->
     """
     z = torch.where(allowed, z, torch.zeros((), dtype=z.dtype, device=z.device))
     log_keep = torch.where(allowed, F.softplus(z), torch.zeros((), dtype=z.dtype, device=z.device))
-    between = _exclusive_suffix_sum(log_keep) if nearest_is_last else _exclusive_prefix_sum(log_keep)
+    between = (
+        _exclusive_suffix_sum(log_keep) if nearest_is_last else _exclusive_prefix_sum(log_keep)
+    )
     log_weights = F.logsigmoid(z) - between
     return torch.where(allowed, log_weights.exp(), torch.zeros((), dtype=z.dtype, device=z.device))
 
@@ -279,4 +293,3 @@ def stick_breaking_weights(
         right = right & mask
     right = right.expand(logits.shape)
     return 0.5 * (weights + _one_stick(logits, right, nearest_is_last=False))
-

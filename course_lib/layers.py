@@ -197,10 +197,14 @@ class AbsoluteAttention(PositionalSelfAttention):
 
     encoding = "absolute"
 
-    def __init__(self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"):
+    def __init__(
+        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+    ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
         if hidden_size % 2:
-            raise ValueError(f"sinusoidal codes come in (sin, cos) pairs: hidden_size must be even, got {hidden_size}")
+            raise ValueError(
+                f"sinusoidal codes come in (sin, cos) pairs: hidden_size must be even, got {hidden_size}"
+            )
 
     def add_positions(self, hidden_states, position_ids):
         pe = sinusoidal_embedding(position_ids, self.hidden_size).to(hidden_states.dtype)
@@ -212,7 +216,9 @@ class LearnedAttention(PositionalSelfAttention):
 
     encoding = "learned"
 
-    def __init__(self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"):
+    def __init__(
+        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+    ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
         self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
         nn.init.normal_(self.position_embeddings.weight, std=0.02)
@@ -253,10 +259,14 @@ class RoPEAttention(PositionalSelfAttention):
     method = "rope"
     uses_position_ids_in_attention = True
 
-    def __init__(self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"):
+    def __init__(
+        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+    ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
         if self.head_dim % 2:
-            raise ValueError(f"{type(self).__name__} rotates channel pairs: head_dim must be even, got {self.head_dim}")
+            raise ValueError(
+                f"{type(self).__name__} rotates channel pairs: head_dim must be even, got {self.head_dim}"
+            )
 
 
 class ExpoSBAttention(RoPEAttention):
@@ -279,7 +289,9 @@ class RSEAttention(RoPEAttention):
     encoding = "rse"
     method = "rse"
 
-    def __init__(self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"):
+    def __init__(
+        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+    ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
         init = torch.full((num_heads,), 0.01)
         self.distance_penalty_raw = nn.Parameter(torch.log(torch.expm1(init)))

@@ -132,22 +132,32 @@ class MiniBert(nn.Module):
                 f"input_ids must be integer [batch, seq], got {tuple(input_ids.shape)} {input_ids.dtype}"
             )
         if int(input_ids.max()) >= self.config.vocab_size or int(input_ids.min()) < 0:
-            raise ValueError(f"input_ids must be in [0, {self.config.vocab_size}), got values outside")
+            raise ValueError(
+                f"input_ids must be in [0, {self.config.vocab_size}), got values outside"
+            )
         if cache is not None:
             if not self.causal:
                 raise ValueError("a key/value cache is for causal decoding: use objective='clm'")
             if len(cache) != len(self.layers):
-                raise ValueError(f"cache must hold one KVCache per layer ({len(self.layers)}), got {len(cache)}")
+                raise ValueError(
+                    f"cache must hold one KVCache per layer ({len(self.layers)}), got {len(cache)}"
+                )
         h = self.embedding_dropout(self.token_embeddings(input_ids))
         for i, layer in enumerate(self.layers):
-            h = layer(h, attention_mask, self.causal, position_ids, None if cache is None else cache[i])
+            h = layer(
+                h, attention_mask, self.causal, position_ids, None if cache is None else cache[i]
+            )
         h = self.head_transform(self.final_norm(h))
         logits = F.linear(h, self.token_embeddings.weight, self.head_bias)
         loss = None
         if labels is not None:
             if labels.shape != input_ids.shape:
-                raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}")
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+                raise ValueError(
+                    f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}"
+                )
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100
+            )
         return ModelOutput(logits, loss)
 
     # -- decoding --------------------------------------------------------------------------------
@@ -215,8 +225,14 @@ class MiniBert(nn.Module):
 
     def resize_position_tables(self, new_size: int) -> None:
         """Opt-in for learned positions: stretch every layer's table to ``new_size`` rows."""
-        tables = [layer.attention for layer in self.layers if isinstance(layer.attention, LearnedAttention)]
+        tables = [
+            layer.attention
+            for layer in self.layers
+            if isinstance(layer.attention, LearnedAttention)
+        ]
         if not tables:
-            raise ValueError(f"encoding {self.config.encoding!r} has no learned position table to resize")
+            raise ValueError(
+                f"encoding {self.config.encoding!r} has no learned position table to resize"
+            )
         for attention in tables:
             attention.resize_position_table(new_size)

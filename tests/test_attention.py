@@ -48,7 +48,9 @@ def test_relative_methods_are_invariant_to_a_common_shift(method, causal):
     q, k, v = qkv()
     p = method_params(method, 3)
     base = attention(q, k, v, method=method, causal=causal, position_ids=torch.arange(9), **p)
-    shifted = attention(q, k, v, method=method, causal=causal, position_ids=torch.arange(9) + 777, **p)
+    shifted = attention(
+        q, k, v, method=method, causal=causal, position_ids=torch.arange(9) + 777, **p
+    )
     torch.testing.assert_close(shifted, base, atol=1e-4, rtol=1e-4)
 
 
@@ -92,18 +94,28 @@ def test_padding_gets_zero_weight_and_does_not_change_real_tokens(method, causal
     reference = attention(q, k, v, method=method, causal=causal, **pos, **p)
     for extra in (1, 5):
         pad = torch.randn(3, 1, 3, extra, 8, generator=gen(extra)) * 10
-        qp, kp, vp = (torch.cat((t, z), dim=2) for t, z in zip((q, k, v), pad.unbind(0)))
-        mask = torch.cat((torch.ones(1, 6, dtype=torch.bool), torch.zeros(1, extra, dtype=torch.bool)), 1)
+        qp, kp, vp = (
+            torch.cat((t, z), dim=2) for t, z in zip((q, k, v), pad.unbind(0), strict=True)
+        )
+        mask = torch.cat(
+            (torch.ones(1, 6, dtype=torch.bool), torch.zeros(1, extra, dtype=torch.bool)), 1
+        )
         pos_p = {} if not pos else {"position_ids": torch.arange(6 + extra)}
-        w = attention_weights(qp, kp, method=method, causal=causal, key_padding_mask=mask, **pos_p, **p)
+        w = attention_weights(
+            qp, kp, method=method, causal=causal, key_padding_mask=mask, **pos_p, **p
+        )
         assert (w[..., 6:] == 0).all()
-        out = attention(qp, kp, vp, method=method, causal=causal, key_padding_mask=mask, **pos_p, **p)
+        out = attention(
+            qp, kp, vp, method=method, causal=causal, key_padding_mask=mask, **pos_p, **p
+        )
         torch.testing.assert_close(out[:, :, :6], reference, atol=1e-5, rtol=1e-5)
 
 
 def test_fully_padded_softmax_row_gives_zeros_not_nan():
     q, k, v = qkv(b=1, n=4)
-    mask = torch.tensor([[False, True, True, True]])  # left padding: query 0 sees nothing when causal
+    mask = torch.tensor(
+        [[False, True, True, True]]
+    )  # left padding: query 0 sees nothing when causal
     out = attention(q, k, v, causal=True, key_padding_mask=mask)
     assert torch.isfinite(out).all()
     assert (out[:, :, 0] == 0).all()
@@ -177,7 +189,9 @@ def test_registry_names_and_unknown_name():
     assert set(ATTENTION_CLASSES) == set(ENCODINGS)
     for name in ENCODINGS:
         assert get_attention_class(name).encoding == name
-    with pytest.raises(ValueError, match="valid: 'none', 'absolute', 'learned', 'rope', 'exposb', 'rse'"):
+    with pytest.raises(
+        ValueError, match="valid: 'none', 'absolute', 'learned', 'rope', 'exposb', 'rse'"
+    ):
         get_attention_class("standard")
 
 

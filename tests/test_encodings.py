@@ -47,7 +47,9 @@ def test_sinusoidal_shift_is_a_fixed_rotation(shift):
 
 def test_sinusoidal_embedding_of_any_positions_matches_table():
     pos = torch.tensor([[3, 0, 99]])
-    torch.testing.assert_close(sinusoidal_embedding(pos, 8)[0], sinusoidal_table(100, 8)[[3, 0, 99]])
+    torch.testing.assert_close(
+        sinusoidal_embedding(pos, 8)[0], sinusoidal_table(100, 8)[[3, 0, 99]]
+    )
 
 
 def test_sinusoidal_rejects_odd_dim():
@@ -96,7 +98,9 @@ def test_interleaved_and_half_agree_after_channel_permutation():
         apply_rope(x, pos, style="interleaved")[..., perm],
         apply_rope(x[..., perm], pos, style="half"),
     )
-    assert not torch.allclose(apply_rope(x, pos, style="interleaved"), apply_rope(x, pos, style="half"))
+    assert not torch.allclose(
+        apply_rope(x, pos, style="interleaved"), apply_rope(x, pos, style="half")
+    )
 
 
 def test_rope_batched_position_ids_and_fp32_angles():
@@ -130,9 +134,13 @@ def test_exposb_three_formulas():
     assert g.argmax().item() == 16 and g[16].item() == pytest.approx(1.2)
     assert g[63].item() == pytest.approx(0.8 + 0.4 * math.exp(-((63 - 16) ** 2) / (2 * 8**2)))
     f = exposb_distance_factor(torch.tensor([0, 100, 1000]))
-    torch.testing.assert_close(f, torch.tensor([1.0, 0.7 + 0.3 * math.exp(-0.5), 0.7 + 0.3 * math.exp(-5)]))
+    torch.testing.assert_close(
+        f, torch.tensor([1.0, 0.7 + 0.3 * math.exp(-0.5), 0.7 + 0.3 * math.exp(-5)])
+    )
     bias = exposb_distance_bias(torch.arange(3), torch.arange(3))
-    torch.testing.assert_close(bias.exp(), exposb_distance_factor(torch.arange(3)[:, None] - torch.arange(3)))
+    torch.testing.assert_close(
+        bias.exp(), exposb_distance_factor(torch.arange(3)[:, None] - torch.arange(3))
+    )
 
 
 def test_apply_exposb_is_gain_times_amplitude_times_rope():
@@ -161,7 +169,9 @@ def test_exposb_band_gain_inside_a_pair_also_breaks_relativity():
     gain = exposb_band_gain(16)
 
     def score(m, n):
-        return (apply_rope(q, torch.tensor([m])) * gain * apply_rope(k, torch.tensor([n])) * gain).sum()
+        return (
+            apply_rope(q, torch.tensor([m])) * gain * apply_rope(k, torch.tensor([n])) * gain
+        ).sum()
 
     assert abs(score(3, 1) - score(503, 501)).item() > 1e-3
     even_gain = gain.view(-1, 2).mean(-1).repeat_interleave(2)  # same gain on both pair channels
@@ -193,7 +203,9 @@ def loop_stick_breaking(z: torch.Tensor, causal: bool) -> torch.Tensor:
 @pytest.mark.parametrize("causal", [True, False])
 def test_stick_breaking_matches_direct_loop(causal):
     z = torch.randn(7, 7, generator=gen(7), dtype=torch.float64) * 2
-    torch.testing.assert_close(stick_breaking_weights(z, causal=causal), loop_stick_breaking(z, causal))
+    torch.testing.assert_close(
+        stick_breaking_weights(z, causal=causal), loop_stick_breaking(z, causal)
+    )
 
 
 @pytest.mark.parametrize("causal", [True, False])

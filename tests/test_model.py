@@ -10,8 +10,16 @@ ENCODINGS = ["none", "absolute", "learned", "rope", "exposb", "rse"]
 
 def model(encoding, objective="clm", **kw):
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=40, hidden_size=32, num_layers=2, num_heads=4, encoding=encoding,
-                     objective=objective, max_position_embeddings=32, **kw)
+    cfg = BertConfig(
+        vocab_size=40,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        encoding=encoding,
+        objective=objective,
+        max_position_embeddings=32,
+        **kw,
+    )
     return MiniBert(cfg).double().eval()
 
 
