@@ -67,7 +67,7 @@ def report_check(name: str, failures: list[str]) -> bool:
     return False
 
 
-def execute_notebooks(paths: list[str], timeout: int = 600) -> None:
+def execute_notebooks(paths: list[str], timeout: int = 300) -> None:
     """Run notebooks top to bottom and save them with their outputs (what gets committed).
 
     Exercise cells use the worked solutions and figures go to the repository's ``figures/``.

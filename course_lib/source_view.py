@@ -1,0 +1,39 @@
+"""Show the learner the source of a Triton kernel, read from its file (Triton is not imported).
+
+Reading the file rather than importing the module means the listing works on every machine,
+including those where Triton cannot be installed.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+__all__ = ["kernel_source", "source_excerpt"]
+
+
+def kernel_source(module: str, function: str) -> str:
+    """The source text (decorators included) of ``function`` in ``course_lib.kernels.<module>``."""
+    spec = importlib.util.find_spec(f"course_lib.kernels.{module}")
+    if spec is None or spec.origin is None:
+        raise ValueError(f"no kernel module course_lib.kernels.{module}")
+    text = Path(spec.origin).read_text()
+    lines = text.splitlines()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return "\n".join(lines[first - 1 : node.end_lineno])
+    names = sorted(n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef))
+    raise ValueError(f"course_lib.kernels.{module} has no function {function!r}; it has {names}")
+
+
+def source_excerpt(source: str, start: str, end: str) -> str:
+    """The lines of ``source`` from the first containing ``start`` to the next containing ``end``."""
+    lines = source.splitlines()
+    try:
+        first = next(i for i, line in enumerate(lines) if start in line)
+        last = next(i for i in range(first, len(lines)) if end in lines[i])
+    except StopIteration:
+        raise ValueError(f"no lines from {start!r} to {end!r} in the source") from None
+    return "\n".join(lines[first : last + 1])
