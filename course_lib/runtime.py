@@ -85,7 +85,27 @@ def load_kernel_module(name: str) -> ModuleType:
             "backend='triton' needs the triton package, which ships wheels for Linux only. "
             "Use backend='reference' (the from-scratch PyTorch version computes the same function)."
         )
+    if KERNEL_MODE == "interpreter":
+        _check_interpreter_versions()
     return importlib.import_module(f"course_lib.kernels.{name}")
+
+
+def _check_interpreter_versions() -> None:
+    """Triton's interpreter before 3.9 breaks with numpy >= 2.4 (loop bounds read from integer
+    arguments fail inside the interpreter); say so instead of failing deep inside a kernel."""
+    import numpy
+    import triton
+
+    def major_minor(version: str) -> tuple[int, int]:
+        parts = version.split(".")
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+
+    if major_minor(triton.__version__) < (3, 9) and major_minor(numpy.__version__) >= (2, 4):
+        raise KernelsUnavailableError(
+            f"Triton {triton.__version__}'s CPU interpreter does not work with numpy "
+            f"{numpy.__version__}; install triton>=3.9 or numpy<2.4 "
+            "(on a GPU, where kernels are compiled, either works)."
+        )
 
 
 def check_kernel_tensors(*tensors: torch.Tensor) -> None:

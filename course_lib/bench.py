@@ -1,0 +1,442 @@
+"""GPU benchmark of the course's attention kernels against PyTorch, in one run.
+
+    python -m course_lib.bench                 # bf16, head_dim 64 and 128, seq 256..8192
+    python -m course_lib.bench --quick         # a few sizes
+    python -m course_lib.bench --causal        # causal only (--no-causal: bidirectional only)
+
+For every size (``batch = tokens // seq`` sequences of ``heads = hidden // head_dim`` heads, so
+each size holds the same number of tokens) it times the forward pass and forward + backward of:
+
+* our fused flash kernel with position mode none / rope / exposb (``course_lib.flash_ops``),
+* our fused stick-breaking kernel (``course_lib.stick_ops``; "missing" if it cannot be imported),
+* the from-scratch PyTorch reference ``course_lib.attention.attention(backend="reference")``
+  (softmax / rope / exposb; it materialises ``seq x seq`` matrices, so large sizes run out of
+  memory: such sizes are skipped up front or recorded as "OOM"),
+* ``torch.nn.functional.scaled_dot_product_attention`` (SDPA, the baseline of the ratios),
+* "RoPE + SDPA": ``course_lib.encodings.apply_rope`` on q and k, then SDPA,
+* "exposb + FlexAttention": ``apply_exposb`` on q and k, then ``flex_attention`` with the exposb
+  distance bias as a ``score_mod`` ("n/a" where FlexAttention is unavailable).
+
+Times are medians of ``triton.testing.do_bench``. TFLOP/s counts ``4 * B * H * N^2 * D`` for the
+forward and 2.5 times that for the backward (3.5 times for forward + backward), halved when
+causal. "vs SDPA" is SDPA's time divided by the method's (above 1: faster than SDPA). Peak memory
+is what the call allocates on top of its inputs (``torch.cuda.max_memory_allocated``).
+
+Writes ``<out-dir>/bench_results.json`` and ``<out-dir>/bench_tflops.png``. Without a CUDA GPU it
+says so and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "attention_flops", "run_benchmark", "exposb_score_mod"]
+
+DEFAULT_SEQS = (256, 1024, 4096, 8192)
+QUICK_SEQS = (256, 1024)
+DEFAULT_HEAD_DIMS = (64, 128)
+BASELINE = "SDPA"
+PASSES = ("fwd", "fwd+bwd")
+DTYPE = torch.bfloat16
+
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def attention_flops(
+    batch: int, heads: int, seq: int, head_dim: int, causal: bool, pass_: str
+) -> float:
+    """``4 B H N^2 D`` for the forward; x3.5 for forward + backward; halved when causal."""
+    flops = 4.0 * batch * heads * seq * seq * head_dim
+    if pass_ == "fwd+bwd":
+        flops *= 3.5
+    return flops / 2 if causal else flops
+
+
+def shape_for(seq: int, head_dim: int, tokens: int, hidden: int) -> tuple[int, int]:
+    """``(batch, heads)``: ``tokens // seq`` sequences (>= 1) of ``hidden // head_dim`` heads."""
+    return max(1, tokens // seq), max(1, hidden // head_dim)
+
+
+# --------------------------------------------------------------------------------------------
+# The contenders
+# --------------------------------------------------------------------------------------------
+
+
+def exposb_score_mod(score, b, h, q_idx, kv_idx):
+    """FlexAttention ``score_mod``: adds ``log(0.7 + 0.3 exp(-0.005 |i - j|))`` (i, j: indices)."""
+    distance = (q_idx - kv_idx).abs().to(torch.float32)
+    return score + torch.log(0.7 + 0.3 * torch.exp(-0.005 * distance))
+
+
+def _causal_mask_mod(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+_COMPILED_FLEX = []
+
+
+def _compiled_flex_attention(flex_attention):
+    """One ``torch.compile``d FlexAttention for the whole run (uncompiled it materialises scores).
+
+    Each size is a new specialisation, so the recompile limit is raised above the run's count.
+    """
+    if not _COMPILED_FLEX:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _COMPILED_FLEX[0]
+
+
+def build_methods(causal: bool, seq: int, device: torch.device) -> dict[str, Attention | str]:
+    """Name -> callable ``(q, k, v) -> out``, or a status string where it cannot run here."""
+    import torch.nn.functional as F
+
+    from course_lib.attention import attention
+    from course_lib.encodings import apply_exposb, apply_rope
+    from course_lib.flash_ops import flash_attention
+
+    positions = torch.arange(seq, device=device)
+    methods: dict[str, Attention | str] = {}
+    for mode in ("none", "rope", "exposb"):
+        methods[f"flash {mode}"] = lambda q, k, v, mode=mode: flash_attention(
+            q, k, v, position_mode=mode, causal=causal
+        )
+    try:
+        from course_lib.stick_ops import stick_breaking_attention
+
+        methods["stick-breaking"] = lambda q, k, v: stick_breaking_attention(q, k, v, causal=causal)
+    except Exception:  # noqa: BLE001 - written by another part of the course; may be absent
+        methods["stick-breaking"] = "missing"
+    for method in ("softmax", "rope", "exposb"):
+        methods[f"reference {method}"] = lambda q, k, v, method=method: attention(
+            q, k, v, method=method, causal=causal, backend="reference"
+        )
+    methods[BASELINE] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    methods["RoPE + SDPA"] = lambda q, k, v: F.scaled_dot_product_attention(
+        apply_rope(q, positions), apply_rope(k, positions), v, is_causal=causal
+    )
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        flex = _compiled_flex_attention(flex_attention)
+        block_mask = None
+        if causal:
+            block_mask = create_block_mask(_causal_mask_mod, None, None, seq, seq, device=device)
+        methods["exposb + FlexAttention"] = lambda q, k, v: flex(
+            apply_exposb(q, positions),
+            apply_exposb(k, positions),
+            v,
+            score_mod=exposb_score_mod,
+            block_mask=block_mask,
+        )
+    except Exception:  # noqa: BLE001 - older torch, or no compiler toolchain
+        methods["exposb + FlexAttention"] = "n/a"
+    return methods
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+
+def reference_bytes(batch: int, heads: int, seq: int) -> int:
+    """Rough memory of the reference's fp32 ``seq x seq`` tensors for forward + backward."""
+    return 6 * batch * heads * seq * seq * 4
+
+
+def measure(fn: Attention, q, k, v, grad_out, pass_: str) -> tuple[float, float]:
+    """``(median milliseconds, peak extra MiB)`` of one pass of ``fn``."""
+    import triton.testing
+
+    if pass_ == "fwd":
+        leaves = None
+
+        def step():
+            with torch.no_grad():
+                fn(q, k, v)
+
+    else:
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+
+        def step():
+            fn(*leaves).backward(grad_out)
+
+    step()  # warm-up (compilation) outside the measurements
+    if leaves is not None:
+        for leaf in leaves:
+            leaf.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peak_mib = (torch.cuda.max_memory_allocated() - before) / 2**20
+    ms = triton.testing.do_bench(
+        step, warmup=25, rep=100, grad_to_none=leaves, return_mode="median"
+    )
+    return float(ms), float(peak_mib)
+
+
+def agreement(methods: dict[str, Attention | str], q, k, v) -> dict[str, float | str]:
+    """Max error of each flash mode against the reference, relative to the reference's max."""
+    errors: dict[str, float | str] = {}
+    for mode, method in (("none", "softmax"), ("rope", "rope"), ("exposb", "exposb")):
+        try:
+            with torch.no_grad():
+                got = methods[f"flash {mode}"](q, k, v).float()
+                want = methods[f"reference {method}"](q, k, v).float()
+            errors[f"flash {mode}"] = ((got - want).abs().max() / want.abs().max()).item()
+        except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+            errors[f"flash {mode}"] = f"error: {type(exc).__name__}: {exc}"[:200]
+    return errors
+
+
+def time_one(name: str, fn: Attention | str, q, k, v, grad_out, causal: bool, pass_: str) -> dict:
+    """One record: milliseconds, TFLOP/s and peak MiB of ``fn``, or why there are none."""
+    batch, heads, seq, head_dim = q.shape
+    record = {
+        "method": name,
+        "head_dim": head_dim,
+        "causal": causal,
+        "seq": seq,
+        "batch": batch,
+        "heads": heads,
+        "pass": pass_,
+        "ms": None,
+        "tflops": None,
+        "peak_mib": None,
+        "status": "ok",
+    }
+    need = reference_bytes(batch, heads, seq)
+    if isinstance(fn, str):
+        record["status"] = fn
+    elif name.startswith("reference") and need > 0.8 * torch.cuda.mem_get_info()[0]:
+        record["status"] = f"skipped (needs ~{need / 2**30:.0f} GiB)"
+    else:
+        try:
+            ms, peak = measure(fn, q, k, v, grad_out, pass_)
+            flops = attention_flops(batch, heads, seq, head_dim, causal, pass_)
+            record.update(ms=ms, peak_mib=peak, tflops=flops / ms / 1e9)
+        except torch.cuda.OutOfMemoryError:
+            record["status"] = "OOM"
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            record["status"] = f"error: {type(exc).__name__}: {exc}"[:200]
+        torch.cuda.empty_cache()
+    return record
+
+
+def run_benchmark(
+    seqs: tuple[int, ...],
+    head_dims: tuple[int, ...],
+    causal_modes: tuple[bool, ...],
+    tokens: int,
+    hidden: int,
+) -> dict:
+    """Time every method at every size; returns the JSON-ready records and agreement checks."""
+    device = torch.device("cuda")
+    records, checks = [], []
+    for head_dim in head_dims:
+        for causal in causal_modes:
+            for seq in seqs:
+                batch, heads = shape_for(seq, head_dim, tokens, hidden)
+                gen = torch.Generator(device=device).manual_seed(0)
+                shape = (batch, heads, seq, head_dim)
+                q, k, v, grad_out = (
+                    torch.randn(shape, device=device, dtype=DTYPE, generator=gen) for _ in range(4)
+                )
+                methods = build_methods(causal, seq, device)
+                if seq == seqs[0]:
+                    errors = agreement(methods, q[:1, :2], k[:1, :2], v[:1, :2])
+                    checks.append(
+                        {"head_dim": head_dim, "causal": causal, "seq": seq, "errors": errors}
+                    )
+                    print(f"agreement with the reference, D={head_dim} causal={causal}: {errors}")
+                for name, fn in methods.items():
+                    for pass_ in PASSES:
+                        records.append(time_one(name, fn, q, k, v, grad_out, causal, pass_))
+                        print(_progress_line(records[-1]), flush=True)
+                del q, k, v, grad_out, methods
+                torch.cuda.empty_cache()
+    _add_ratios(records)
+    return {"records": records, "checks": checks}
+
+
+def _progress_line(r: dict) -> str:
+    kind = "causal" if r["causal"] else "bidir"
+    timing = f"{r['ms']:.3f} ms" if r["ms"] is not None else r["status"]
+    return f"  D={r['head_dim']} N={r['seq']} {kind} {r['pass']:<7} {r['method']:<24} {timing}"
+
+
+def _add_ratios(records: list[dict]) -> None:
+    """``vs_sdpa = SDPA ms / method ms`` for the same size and pass."""
+    baseline = {
+        (r["head_dim"], r["causal"], r["seq"], r["pass"]): r["ms"]
+        for r in records
+        if r["method"] == BASELINE
+    }
+    for r in records:
+        base = baseline.get((r["head_dim"], r["causal"], r["seq"], r["pass"]))
+        r["vs_sdpa"] = base / r["ms"] if base and r["ms"] else None
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(records: list[dict]) -> str:
+    """One block per (head_dim, causal, seq): a row per method, forward and forward+backward."""
+    lines = []
+    header = (
+        f"{'method':<24}{'fwd ms':>9}{'TFLOP/s':>9}{'vs SDPA':>9}"
+        f"{'f+b ms':>10}{'TFLOP/s':>9}{'vs SDPA':>9}{'peak MiB':>10}  status"
+    )
+    groups: dict[tuple, dict[str, dict[str, dict]]] = {}
+    for r in records:
+        key = (r["head_dim"], r["causal"], r["seq"], r["batch"], r["heads"])
+        groups.setdefault(key, {}).setdefault(r["method"], {})[r["pass"]] = r
+    for (head_dim, causal, seq, batch, heads), by_method in groups.items():
+        kind = "causal" if causal else "bidirectional"
+        lines.append(f"\nhead_dim={head_dim} seq={seq} batch={batch} heads={heads} {kind}")
+        lines.append(header)
+        for name, passes in by_method.items():
+            f, b = passes.get("fwd", {}), passes.get("fwd+bwd", {})
+            statuses = {f.get("status"), b.get("status")} - {"ok", None}
+            lines.append(
+                f"{name:<24}{_cell(f.get('ms'), '.3f'):>9}{_cell(f.get('tflops'), '.1f'):>9}"
+                f"{_cell(f.get('vs_sdpa'), '.2f'):>9}{_cell(b.get('ms'), '.3f'):>10}"
+                f"{_cell(b.get('tflops'), '.1f'):>9}{_cell(b.get('vs_sdpa'), '.2f'):>9}"
+                f"{_cell(b.get('peak_mib'), '.0f'):>10}  {'; '.join(sorted(statuses)) or 'ok'}"
+            )
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: Path) -> None:
+    """TFLOP/s against seq: a row of panels per (head_dim, causal), forward | forward+backward."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = sorted({(r["head_dim"], r["causal"]) for r in records})
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    fig, axes = plt.subplots(
+        len(settings), len(PASSES), figsize=(12, 3.6 * len(settings)), squeeze=False
+    )
+    for row, (head_dim, causal) in enumerate(settings):
+        for col, pass_ in enumerate(PASSES):
+            ax = axes[row][col]
+            for name in methods:
+                points = sorted(
+                    (r["seq"], r["tflops"])
+                    for r in records
+                    if r["method"] == name
+                    and (r["head_dim"], r["causal"], r["pass"]) == (head_dim, causal, pass_)
+                    and r["tflops"] is not None
+                )
+                if points:
+                    style = "-" if name.startswith("flash") or name == "stick-breaking" else "--"
+                    ax.plot(*zip(*points, strict=True), style, marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel("TFLOP/s")
+            kind = "causal" if causal else "bidirectional"
+            ax.set_title(f"{pass_}, head_dim={head_dim}, {kind}")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(5, max(1, len(labels))))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (3.6 * len(settings))))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def environment() -> dict:
+    import triton
+
+    return dict(
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.bench",
+        description="Time the course's attention kernels against PyTorch on a CUDA GPU (bf16).",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("figures"), help="where to write results and figure"
+    )
+    parser.add_argument("--quick", action="store_true", help=f"only seq {QUICK_SEQS}")
+    parser.add_argument(
+        "--causal",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only causal (--causal) or only bidirectional (--no-causal); default: both",
+    )
+    parser.add_argument("--seqs", type=int, nargs="+", default=None, help=f"default {DEFAULT_SEQS}")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=list(DEFAULT_HEAD_DIMS))
+    parser.add_argument(
+        "--tokens", type=int, default=16384, help="tokens per size: batch = tokens // seq"
+    )
+    parser.add_argument("--hidden", type=int, default=2048, help="heads = hidden // head_dim")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from course_lib.runtime import KERNEL_MODE
+
+    if not torch.cuda.is_available() or KERNEL_MODE != "compiled":
+        print(
+            "course_lib.bench needs a CUDA GPU with compiled Triton kernels "
+            f"(here: cuda available={torch.cuda.is_available()}, kernel mode={KERNEL_MODE}). "
+            "Nothing to time; exiting."
+        )
+        return 0
+    seqs = tuple(args.seqs or (QUICK_SEQS if args.quick else DEFAULT_SEQS))
+    head_dims = tuple(args.head_dims[:1] if args.quick else args.head_dims)
+    causal_modes = (True, False) if args.causal is None else (args.causal,)
+    for head_dim in head_dims:
+        if head_dim not in (16, 32, 64, 128):
+            raise ValueError(f"--head-dims must be among 16, 32, 64, 128, got {head_dim}")
+    env = environment()
+    print(f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | {DTYPE}")
+    results = run_benchmark(seqs, head_dims, causal_modes, args.tokens, args.hidden)
+    print(format_table(results["records"]))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    payload = dict(
+        environment=env,
+        dtype=str(DTYPE).removeprefix("torch."),
+        tokens_per_size=args.tokens,
+        hidden=args.hidden,
+        flops="4*B*H*N^2*D forward, x3.5 forward+backward, halved when causal",
+        vs_sdpa="SDPA time / method time",
+        **results,
+    )
+    json_path = args.out_dir / "bench_results.json"
+    json_path.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    figure_path = args.out_dir / "bench_tflops.png"
+    plot(results["records"], figure_path)
+    print(f"\nwrote {json_path} and {figure_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
