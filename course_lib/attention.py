@@ -29,6 +29,7 @@ import torch
 
 from course_lib.checks import (
     check_choice,
+    check_distance_penalty,
     check_key_padding_mask,
     check_position_ids,
     check_qkv,
@@ -75,19 +76,6 @@ def _check_params(method: str, params: dict) -> dict:
     return out
 
 
-def _check_distance_penalty(lam: torch.Tensor, heads: int, like: torch.Tensor) -> None:
-    if not isinstance(lam, torch.Tensor) or not lam.is_floating_point():
-        raise TypeError("distance_penalty must be a floating-point tensor [heads]")
-    if tuple(lam.shape) != (heads,):
-        raise ValueError(
-            f"distance_penalty must have shape [heads] = [{heads}], got {tuple(lam.shape)}"
-        )
-    if lam.device != like.device:
-        raise ValueError(f"distance_penalty is on {lam.device} but q is on {like.device}")
-    if bool((lam.detach() < 0).any()):
-        raise ValueError("distance_penalty (lambda) must be >= 0: it penalises distance")
-
-
 def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
     """Validate everything once; return (positions [1|B, seq_k] or None, params)."""
     check_choice("attention method", method, METHODS)
@@ -113,7 +101,7 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
             "the hidden states before the projections); pass position_ids=None"
         )
     if params["distance_penalty"] is not None:
-        _check_distance_penalty(params["distance_penalty"], heads, q)
+        check_distance_penalty(params["distance_penalty"], heads, q.device)
     if params["scale"] is None:
         params["scale"] = 1.0 / math.sqrt(head_dim)
     return position_ids, params

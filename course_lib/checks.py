@@ -15,6 +15,8 @@ __all__ = [
     "check_position_ids",
     "check_key_padding_mask",
     "default_position_ids",
+    "check_distance_penalty",
+    "check_kernel_qkv",
 ]
 
 
@@ -36,7 +38,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                 f"{name} must be [batch, heads, seq, head_dim] (4-D), got shape {tuple(t.shape)}"
             )
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+            raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -111,3 +113,50 @@ def check_key_padding_mask(
     if mask.device != device:
         raise ValueError(f"key_padding_mask is on {mask.device} but the inputs are on {device}")
     return mask
+
+
+def check_distance_penalty(lam: torch.Tensor, heads: int, device: torch.device) -> None:
+    """RSE's lambda: a finite, non-negative floating-point tensor ``[heads]`` on ``device``."""
+    if not isinstance(lam, torch.Tensor) or not lam.is_floating_point():
+        raise TypeError(
+            "distance_penalty must be a floating-point tensor [heads] (lambda >= 0), got "
+            f"{getattr(lam, 'dtype', type(lam).__name__)}"
+        )
+    if tuple(lam.shape) != (heads,):
+        raise ValueError(
+            f"distance_penalty must have shape [heads] = [{heads}], got {tuple(lam.shape)}"
+        )
+    if lam.device != device:
+        raise ValueError(f"distance_penalty is on {lam.device} but q is on {device}")
+    if not bool(torch.isfinite(lam.detach()).all()):
+        raise ValueError("distance_penalty (lambda) must be finite")
+    if bool((lam.detach() < 0).any()):
+        raise ValueError("distance_penalty (lambda) must be >= 0: it penalises distance")
+
+
+def check_kernel_qkv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    kernel: str,
+    head_dims: tuple[int, ...],
+    dtypes: tuple[torch.dtype, ...],
+) -> None:
+    """:func:`check_qkv` plus what a fused kernel supports: seq_q == seq_k, head_dim, dtype."""
+    four_d = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
+    if four_d and q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"the {kernel} kernel needs seq_q == seq_k, got seq_q={q.shape[2]}, seq_k={k.shape[2]}"
+        )
+    check_qkv(q, k, v)
+    if q.shape[2] < 1:
+        raise ValueError(f"the sequence is empty (seq = 0); the {kernel} kernel needs seq >= 1")
+    if q.dtype not in dtypes:
+        raise TypeError(
+            f"the {kernel} kernel takes dtypes {[str(d) for d in dtypes]}, got {q.dtype}"
+        )
+    if q.shape[3] not in head_dims:
+        raise ValueError(
+            f"the {kernel} kernel supports head_dim in {list(head_dims)}, got {q.shape[3]}"
+        )

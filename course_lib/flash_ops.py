@@ -17,6 +17,12 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from course_lib.checks import (
+    check_kernel_qkv,
+    check_key_padding_mask,
+    check_position_ids,
+    default_position_ids,
+)
 from course_lib.runtime import check_kernel_tensors, load_kernel_module
 
 __all__ = ["flash_attention", "FLASH_POSITION_MODES", "FLASH_HEAD_DIMS"]
@@ -67,109 +73,17 @@ class _FlashAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def _validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(
-                f"{name} must be [batch, heads, seq, head_dim] (4-D), got shape {tuple(t.shape)}"
-            )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"the flash kernel takes dtypes {list(_DTYPES)}, got {q.dtype}")
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(
-            f"the flash kernel needs seq_q == seq_k, got seq_q={q.shape[2]} and seq_k={k.shape[2]}"
-        )
-    if q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(
-            "q, k, v must have the same shape [batch, heads, seq, head_dim], got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-
-
-def _validate_head_dim(head_dim: int, position_mode: str) -> None:
-    if position_mode != "none" and head_dim % 2:
-        raise ValueError(
-            f"position_mode={position_mode!r} rotates channel pairs, so head_dim must be even, "
-            f"got {head_dim}"
-        )
-    if head_dim not in FLASH_HEAD_DIMS:
-        raise ValueError(
-            f"the flash kernel supports head_dim in {list(FLASH_HEAD_DIMS)}, got {head_dim}"
-        )
-
-
 def _prepare_positions(
     position_ids: torch.Tensor | None, batch: int, seq: int, device: torch.device
 ) -> torch.Tensor:
-    """Integer ``[seq]``, ``[1, seq]`` or ``[batch, seq]`` (default ``arange(seq)``).
-
-    Returns a contiguous int32/int64 ``[batch, seq]``.
-    """
+    """Integer ``[seq]``, ``[1, seq]`` or ``[batch, seq]`` (default ``arange(seq)``) ->
+    contiguous int32/int64 ``[batch, seq]``."""
     if position_ids is None:
-        return torch.arange(seq, device=device).expand(batch, seq).contiguous()
-    if not isinstance(position_ids, torch.Tensor):
-        raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
-    if (
-        position_ids.dtype == torch.bool
-        or position_ids.dtype.is_floating_point
-        or (position_ids.dtype.is_complex)
-    ):
-        raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
-    if position_ids.dim() == 1 and position_ids.shape[0] == seq:
-        position_ids = position_ids.unsqueeze(0)
-    if (
-        position_ids.dim() != 2
-        or position_ids.shape[1] != seq
-        or position_ids.shape[0]
-        not in (
-            1,
-            batch,
-        )
-    ):
-        raise ValueError(
-            f"position_ids must be [seq]=[{seq}], [1, seq] or [batch, seq]=[{batch}, {seq}], "
-            f"got shape {tuple(position_ids.shape)}"
-        )
-    position_ids = position_ids.expand(batch, seq)
-    if position_ids.device != device:
-        raise ValueError(
-            f"position_ids must be on {device} like q, got a tensor on {position_ids.device}"
-        )
+        position_ids = default_position_ids(seq, device)
+    position_ids = check_position_ids(position_ids, batch, seq, device).expand(batch, seq)
     if position_ids.dtype not in (torch.int32, torch.int64):
         position_ids = position_ids.to(torch.int64)
     return position_ids.contiguous()
-
-
-def _prepare_mask(
-    key_padding_mask: torch.Tensor | None, batch: int, seq: int, device: torch.device
-) -> torch.Tensor | None:
-    if key_padding_mask is None:
-        return None
-    if not isinstance(key_padding_mask, torch.Tensor):
-        raise TypeError(
-            f"key_padding_mask must be a bool torch.Tensor, got {type(key_padding_mask).__name__}"
-        )
-    if key_padding_mask.dtype != torch.bool:
-        raise TypeError(
-            f"key_padding_mask must be bool (True = real token), got {key_padding_mask.dtype}"
-        )
-    if tuple(key_padding_mask.shape) != (batch, seq):
-        raise ValueError(
-            f"key_padding_mask must be [batch, seq]=[{batch}, {seq}], "
-            f"got shape {tuple(key_padding_mask.shape)}"
-        )
-    if key_padding_mask.device != device:
-        raise ValueError(
-            f"key_padding_mask must be on {device} like q, got a tensor on "
-            f"{key_padding_mask.device}"
-        )
-    return key_padding_mask.contiguous()
 
 
 def flash_attention(
@@ -211,9 +125,8 @@ def flash_attention(
         raise ValueError(f"rope_style must be one of {list(_ROPE_STYLES)}, got {rope_style!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    _validate_qkv(q, k, v)
+    check_kernel_qkv(q, k, v, kernel="flash", head_dims=FLASH_HEAD_DIMS, dtypes=_DTYPES)
     batch, heads, seq, head_dim = q.shape
-    _validate_head_dim(head_dim, position_mode)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     scale = float(scale)
@@ -223,7 +136,9 @@ def flash_attention(
     if not (math.isfinite(rope_base) and rope_base > 0):
         raise ValueError(f"rope_base must be a positive finite number, got {rope_base}")
     positions = _prepare_positions(position_ids, batch, seq, q.device)
-    mask = _prepare_mask(key_padding_mask, batch, seq, q.device)
+    mask = None
+    if key_padding_mask is not None:
+        mask = check_key_padding_mask(key_padding_mask, batch, seq, q.device).contiguous()
     check_kernel_tensors(q, k, v, positions, mask)
     options = dict(
         position_mode=position_mode,

@@ -21,6 +21,13 @@ import math
 
 import torch
 
+from course_lib.checks import (
+    check_distance_penalty,
+    check_kernel_qkv,
+    check_key_padding_mask,
+    check_position_ids,
+    default_position_ids,
+)
 from course_lib.encodings import rope_angles
 from course_lib.runtime import check_kernel_tensors, load_kernel_module
 
@@ -84,124 +91,13 @@ class _StickBreakingFunction(torch.autograd.Function):
         )
 
 
-def _validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(
-                f"{name} must be [batch, heads, seq, head_dim] (4-D), got shape {tuple(t.shape)}"
-            )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"the stick-breaking kernel takes dtypes {list(_DTYPES)}, got {q.dtype}")
-    if q.shape[2] != k.shape[2] or k.shape[2] != v.shape[2]:
-        raise ValueError(
-            "the stick-breaking kernel needs seq_q == seq_k (the leftover stick goes to the "
-            f"query's own value), got seq_q={q.shape[2]}, seq_k={k.shape[2]}, seq_v={v.shape[2]}"
-        )
-    if q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(
-            "q, k, v must have the same shape [batch, heads, seq, head_dim], got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    head_dim = q.shape[3]
-    if head_dim not in STICK_HEAD_DIMS:
-        raise ValueError(
-            f"the stick-breaking kernel supports head_dim in {list(STICK_HEAD_DIMS)}, "
-            f"got {head_dim}"
-        )
-    if q.shape[2] < 1:
-        raise ValueError("the sequence is empty (seq = 0); stick-breaking needs seq >= 1")
-
-
 def _prepare_positions(
     position_ids: torch.Tensor | None, batch: int, seq: int, device: torch.device
 ) -> torch.Tensor:
     """Integer ``[seq]`` or ``[batch, seq]`` (default arange) -> int64 ``[1 or batch, seq]``."""
     if position_ids is None:
-        return torch.arange(seq, device=device, dtype=torch.int64).unsqueeze(0)
-    if not isinstance(position_ids, torch.Tensor):
-        raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
-    if (
-        position_ids.dtype == torch.bool
-        or position_ids.dtype.is_floating_point
-        or position_ids.dtype.is_complex
-    ):
-        raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
-    if position_ids.dim() == 1 and position_ids.shape[0] == seq:
-        position_ids = position_ids.unsqueeze(0)
-    elif not (
-        position_ids.dim() == 2
-        and position_ids.shape[1] == seq
-        and position_ids.shape[0] in (1, batch)
-    ):
-        raise ValueError(
-            f"position_ids must be [seq]=[{seq}] or [batch, seq]=[{batch}, {seq}], "
-            f"got shape {tuple(position_ids.shape)}"
-        )
-    if position_ids.device != device:
-        raise ValueError(
-            f"position_ids must be on {device} like q, got a tensor on {position_ids.device}"
-        )
-    return position_ids.to(torch.int64).contiguous()
-
-
-def _prepare_mask(
-    key_padding_mask: torch.Tensor | None, batch: int, seq: int, device: torch.device
-) -> torch.Tensor | None:
-    """Bool ``[batch, seq]`` (True = real token) -> contiguous int8, or None."""
-    if key_padding_mask is None:
-        return None
-    if not isinstance(key_padding_mask, torch.Tensor):
-        raise TypeError(
-            f"key_padding_mask must be a bool torch.Tensor, got {type(key_padding_mask).__name__}"
-        )
-    if key_padding_mask.dtype != torch.bool:
-        raise TypeError(
-            f"key_padding_mask must be bool (True = real token), got {key_padding_mask.dtype}"
-        )
-    if tuple(key_padding_mask.shape) != (batch, seq):
-        raise ValueError(
-            f"key_padding_mask must be [batch, seq]=[{batch}, {seq}], "
-            f"got shape {tuple(key_padding_mask.shape)}"
-        )
-    if key_padding_mask.device != device:
-        raise ValueError(
-            f"key_padding_mask must be on {device} like q, got a tensor on "
-            f"{key_padding_mask.device}"
-        )
-    return key_padding_mask.to(torch.int8).contiguous()
-
-
-def _validate_penalty(
-    distance_penalty: torch.Tensor | None, heads: int, device: torch.device
-) -> None:
-    if distance_penalty is None:
-        return
-    if not isinstance(distance_penalty, torch.Tensor) or not distance_penalty.is_floating_point():
-        raise TypeError(
-            "distance_penalty must be a floating-point tensor [heads] (lambda >= 0), got "
-            f"{getattr(distance_penalty, 'dtype', type(distance_penalty).__name__)}"
-        )
-    if tuple(distance_penalty.shape) != (heads,):
-        raise ValueError(
-            f"distance_penalty must have shape [heads] = [{heads}], "
-            f"got {tuple(distance_penalty.shape)}"
-        )
-    if distance_penalty.device != device:
-        raise ValueError(
-            f"distance_penalty must be on {device} like q, got a tensor on "
-            f"{distance_penalty.device}"
-        )
-    lam = distance_penalty.detach()
-    if not bool(torch.isfinite(lam).all()):
-        raise ValueError("distance_penalty (lambda) must be finite")
-    if bool((lam < 0).any()):
-        raise ValueError("distance_penalty (lambda) must be >= 0: it penalises distance")
+        position_ids = default_position_ids(seq, device)
+    return check_position_ids(position_ids, batch, seq, device).to(torch.int64).contiguous()
 
 
 def _rope_tables(
@@ -246,7 +142,7 @@ def stick_breaking_attention(
     Returns:
         ``[batch, heads, seq, head_dim]`` in the input dtype.
     """
-    _validate_qkv(q, k, v)
+    check_kernel_qkv(q, k, v, kernel="stick-breaking", head_dims=STICK_HEAD_DIMS, dtypes=_DTYPES)
     batch, heads, seq, head_dim = q.shape
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
@@ -263,8 +159,12 @@ def stick_breaking_attention(
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")
     positions = _prepare_positions(position_ids, batch, seq, q.device)
-    mask = _prepare_mask(key_padding_mask, batch, seq, q.device)
-    _validate_penalty(distance_penalty, heads, q.device)
+    mask = None
+    if key_padding_mask is not None:
+        check_key_padding_mask(key_padding_mask, batch, seq, q.device)
+        mask = key_padding_mask.to(torch.int8).contiguous()
+    if distance_penalty is not None:
+        check_distance_penalty(distance_penalty, heads, q.device)
     check_kernel_tensors(q, k, v, positions, mask, distance_penalty)
     cos, sin = _rope_tables(positions, head_dim, rope_base) if rope else (None, None)
     options = {"causal": causal, "scale": scale, "half_style": rope_style == "half"}

@@ -334,7 +334,7 @@ def _qkv(shape=(2, 3, 8, 16), dtype=torch.float32):
         (
             lambda q, k, v: flash_attention(*_qkv((2, 3, 8, 15)), position_mode="rope"),
             ValueError,
-            "even",
+            "head_dim in",
         ),
         (lambda q, k, v: flash_attention(q, k[:, :2], v), ValueError, "same shape"),
         (lambda q, k, v: flash_attention(q, k[:, :, :5], v[:, :, :5]), ValueError, "seq_q"),
