@@ -1,0 +1,723 @@
+"""Training and evaluation of a :class:`~course_lib.model.MiniBert` on the course corpus.
+
+* :func:`train_model`: AdamW, linear warm-up then cosine decay of the learning rate
+  (:func:`learning_rate_at`), gradient-norm clipping, optional autocast (bf16 on a GPU);
+  the validation loss every ``eval_every`` steps; a checkpoint (model, optimiser, step, RNG
+  states, curves so far) every ``checkpoint_every`` steps. Called again with the same checkpoint
+  path after an interruption, it resumes from the last checkpoint, mid-run too, and ends with
+  exactly the result of a run that was never interrupted.
+* :func:`evaluate_loss`: mean cross-entropy in nats per predicted token over fixed, non-overlapping
+  validation windows (next token for ``clm``; the masked tokens only, with seeded masks, for
+  ``mlm``). :func:`bits_per_byte` converts: ``loss / ln 2`` (one token is one UTF-8 byte, i.e. one
+  character for ASCII text).
+* :func:`extrapolation_losses`: that loss at multiples of the training length; a learned table
+  reports "not applicable" past its last row instead of crashing or clipping.
+* :func:`probe_finetune`: the probe protocol (seeded fine-tune on probe examples, accuracy of the
+  answer token on held-out examples), see its docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.data import (
+    IGNORE_INDEX,
+    MASK_ID,
+    ProbeBatch,
+    clm_batch,
+    eval_windows,
+    mask_tokens,
+    mlm_batch,
+)
+from course_lib.model import MiniBert
+
+__all__ = [
+    "ProbeConfig",
+    "TrainConfig",
+    "TrainState",
+    "bits_per_byte",
+    "evaluate_loss",
+    "extrapolation_losses",
+    "learning_rate_at",
+    "load_checkpoint",
+    "make_optimizer",
+    "peak_memory",
+    "position_limit",
+    "probe_correct",
+    "probe_finetune",
+    "probe_inputs",
+    "save_checkpoint",
+    "spread_windows",
+    "train_model",
+    "training_batch",
+]
+
+PROBE_LOSSES = ("candidates", "answer_span")
+AUTOCAST_DTYPES = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Budget and optimiser of one training run.
+
+    The learning rate rises linearly over ``warmup_steps`` to ``learning_rate``, then follows a
+    cosine down to ``min_lr_ratio * learning_rate`` at the last step. Every batch is
+    ``batch_size`` random crops of ``seq_len`` tokens drawn from a generator seeded by ``seed``,
+    so two runs with the same config see the same data in the same order.
+    """
+
+    steps: int
+    batch_size: int
+    seq_len: int
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    mask_prob: float = 0.15
+    eval_every: int = 50
+    eval_windows: int = 16  # validation windows for the curve (the final evaluation uses more)
+    eval_batch_size: int = 16
+    log_every: int = 1  # the train curve stores the mean loss of every `log_every` steps
+    checkpoint_every: int = 100
+    seed: int = 0
+    mask_seed: int = 1234  # seeds the validation masks (MLM): the same for every run
+    autocast_dtype: str | None = None  # None (fp32) or "bfloat16" / "float16" (CUDA)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "eval_every", "eval_windows"):
+            _check_positive_int(name, getattr(self, name))
+        for name in ("eval_batch_size", "log_every", "checkpoint_every"):
+            _check_positive_int(name, getattr(self, name))
+        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps must be an int in [0, steps), got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.learning_rate <= 0 or self.grad_clip <= 0 or self.weight_decay < 0:
+            raise ValueError("learning_rate and grad_clip must be > 0 and weight_decay >= 0")
+        if self.autocast_dtype not in AUTOCAST_DTYPES:
+            raise ValueError(
+                f"autocast_dtype must be one of {list(AUTOCAST_DTYPES)}, got {self.autocast_dtype!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Fine-tuning budget of one probe (the same for every encoding)."""
+
+    steps: int = 150
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    loss: str = "candidates"  # "candidates" or "answer_span" (see probe_finetune)
+
+    def __post_init__(self) -> None:
+        _check_positive_int("steps", self.steps)
+        _check_positive_int("batch_size", self.batch_size)
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps must be in [0, steps), got {self.warmup_steps}")
+        if self.loss not in PROBE_LOSSES:
+            raise ValueError(f"loss must be one of {PROBE_LOSSES}, got {self.loss!r}")
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimiser and schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def learning_rate_at(
+    step: int, steps: int, peak: float, warmup_steps: int, min_lr_ratio: float
+) -> float:
+    """Learning rate of (0-based) ``step`` of ``steps``.
+
+    Warm-up: ``peak * (step + 1) / warmup_steps`` for ``step < warmup_steps``; then
+    ``peak * (r + (1 - r) * (1 + cos(pi * t)) / 2)`` with ``r = min_lr_ratio`` and
+    ``t = (step - warmup_steps) / (steps - 1 - warmup_steps)`` going from 0 to 1.
+    """
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    span = max(1, steps - 1 - warmup_steps)
+    t = min(1.0, (step - warmup_steps) / span)
+    return peak * (min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * t)))
+
+
+def make_optimizer(
+    model: nn.Module, learning_rate: float, weight_decay: float
+) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (``dim >= 2``: projections, embedding tables) only,
+    none on biases, LayerNorm gains and per-head scalars."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.98), eps=1e-8)
+
+
+def _set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def training_batch(
+    objective: str,
+    tokens: torch.Tensor,
+    config: TrainConfig,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch ``(input_ids [B, L], labels [B, L])``: next-token crops (``clm``) or BERT-masked
+    crops (``mlm``; labels -100 except at the masked targets)."""
+    if objective == "clm":
+        return clm_batch(tokens, config.batch_size, config.seq_len, generator)
+    if objective == "mlm":
+        return mlm_batch(tokens, config.batch_size, config.seq_len, generator, config.mask_prob)
+    raise ValueError(f"unknown objective {objective!r}; valid: 'mlm', 'clm'")
+
+
+def _autocast(device: torch.device, dtype_name: str | None) -> contextlib.AbstractContextManager:
+    dtype = AUTOCAST_DTYPES[dtype_name]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+def bits_per_byte(loss_nats: float) -> float:
+    """``loss / ln 2``: nats per byte token -> bits per byte (= per character for ASCII)."""
+    return loss_nats / math.log(2.0)
+
+
+def position_limit(model: MiniBert) -> int | None:
+    """The longest sequence the model can encode: the rows of a learned table, else None."""
+    if model.config.encoding == "learned":
+        return min(layer.attention.max_position_embeddings for layer in model.layers)
+    return None
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: MiniBert,
+    tokens: torch.Tensor,
+    seq_len: int,
+    *,
+    max_windows: int | None,
+    batch_size: int = 16,
+    mask_prob: float = 0.15,
+    mask_seed: int = 1234,
+    autocast_dtype: str | None = None,
+) -> tuple[float, int]:
+    """Mean cross-entropy (nats per predicted token) on validation windows; also the count.
+
+    The windows are the non-overlapping :func:`course_lib.data.eval_windows` of ``seq_len``
+    tokens; with ``max_windows`` (``W``) only ``W`` of them, evenly spread over the whole stream
+    (indices ``round(linspace(0, available - 1, W))``), so a short evaluation still samples every
+    part of the validation text. ``clm`` predicts every next token; ``mlm`` masks each batch of
+    windows with :func:`~course_lib.data.mask_tokens` from a generator seeded by ``mask_seed``
+    and is scored on the masked tokens only. Returns ``(sum of losses / count, count)``.
+    """
+    inputs, targets = spread_windows(tokens, seq_len, max_windows)
+    if model.config.objective == "mlm":
+        generator = torch.Generator().manual_seed(mask_seed)
+        inputs, targets = _mask_in_batches(inputs, generator, mask_prob, batch_size)
+    total, count = _summed_loss(model, inputs, targets, batch_size, autocast_dtype)
+    return total / max(count, 1), count
+
+
+def _mask_in_batches(
+    inputs: torch.Tensor, generator: torch.Generator, mask_prob: float, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~course_lib.data.mask_tokens` applied batch by batch (``(masked, labels)``)."""
+    parts = [
+        mask_tokens(inputs[part], generator, mask_prob) for part in _chunks(len(inputs), batch_size)
+    ]
+    return torch.cat([m for m, _ in parts]), torch.cat([lab for _, lab in parts])
+
+
+@torch.no_grad()
+def _summed_loss(
+    model: MiniBert,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    batch_size: int,
+    autocast_dtype: str | None,
+) -> tuple[float, int]:
+    """Sum of the cross-entropies over labels != -100, and their count, in eval mode."""
+    device = _model_device(model)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    for part in _chunks(inputs.shape[0], batch_size):
+        input_ids, part_labels = inputs[part].to(device), labels[part].to(device)
+        with _autocast(device, autocast_dtype):
+            logits = model(input_ids).logits
+        total += F.cross_entropy(
+            logits.float().flatten(0, 1),
+            part_labels.flatten(),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        ).double()
+        count += int((part_labels != IGNORE_INDEX).sum())
+    model.train(was_training)
+    return float(total), count
+
+
+def spread_windows(
+    tokens: torch.Tensor, seq_len: int, max_windows: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids [W, L], next_ids [W, L])``: ``W = min(max_windows, available)`` of the
+    :func:`course_lib.data.eval_windows` windows, evenly spread over the stream (all of them
+    when ``max_windows`` is None)."""
+    available = (tokens.shape[0] - 1) // seq_len
+    inputs, targets = next(eval_windows(tokens, seq_len, None, batch_size=max(1, available)))
+    if max_windows is not None and max_windows < inputs.shape[0]:
+        picks = torch.linspace(0, inputs.shape[0] - 1, max_windows).round().long()
+        inputs, targets = inputs[picks], targets[picks]
+    return inputs, targets
+
+
+def extrapolation_losses(
+    model: MiniBert,
+    tokens: torch.Tensor,
+    train_len: int,
+    multiples: tuple[int, ...] = (1, 2, 4),
+    *,
+    eval_tokens: int = 8192,
+    batch_size: int = 8,
+    mask_prob: float = 0.15,
+    mask_seed: int = 1234,
+    autocast_dtype: str | None = None,
+) -> list[dict]:
+    """Validation loss at ``m * train_len`` for each multiple ``m``, on the same text.
+
+    The text is ``eval_tokens // (M * train_len)`` chunks of ``M * train_len`` tokens
+    (``M = max(multiples)``) spread evenly over ``tokens`` (:func:`spread_windows`); for ``mlm``
+    the chunks are masked once (generator seeded by ``mask_seed``). At multiple ``m`` each chunk
+    is cut into ``M / m`` windows of ``m * train_len`` tokens, so every length scores the same
+    tokens (and, for ``mlm``, the same masks); only the context each window gives differs.
+
+    Each entry: ``{"multiple", "length", "status": "ok", "loss", "bits_per_byte", "tokens"}``, or
+    for a length past a learned table ``{"multiple", "length", "status": "not_applicable",
+    "reason"}`` (a learned table has no row for those positions; nothing is clipped or resized).
+    """
+    if not multiples or any(not isinstance(m, int) or m < 1 for m in multiples):
+        raise ValueError(f"multiples must be positive ints, got {multiples}")
+    longest = max(multiples) * train_len
+    if any(longest % (m * train_len) for m in multiples):
+        raise ValueError(f"every multiple must divide the largest one, got {multiples}")
+    inputs, targets = spread_windows(tokens, longest, max(1, eval_tokens // longest))
+    if model.config.objective == "mlm":
+        generator = torch.Generator().manual_seed(mask_seed)
+        inputs, targets = mask_tokens(inputs, generator, mask_prob)
+    limit = position_limit(model)
+    out = []
+    for multiple in multiples:
+        length = multiple * train_len
+        entry: dict = {"multiple": multiple, "length": length}
+        if limit is not None and length > limit:
+            entry.update(
+                status="not_applicable",
+                reason=f"learned position table has {limit} rows; length {length} is past it",
+            )
+        else:
+            total, count = _summed_loss(
+                model,
+                inputs.reshape(-1, length),
+                targets.reshape(-1, length),
+                max(1, batch_size // multiple),
+                autocast_dtype,
+            )
+            loss = total / max(count, 1)
+            entry.update(status="ok", loss=loss, bits_per_byte=bits_per_byte(loss), tokens=count)
+        out.append(entry)
+    return out
+
+
+def peak_memory(device: torch.device) -> dict:
+    """Peak memory: CUDA ``max_memory_allocated`` since the last reset (per run), or on CPU the
+    peak resident set size of the whole process so far (``getrusage``; not per run)."""
+    if device.type == "cuda":
+        return {
+            "kind": "cuda_max_memory_allocated",
+            "megabytes": torch.cuda.max_memory_allocated(device) / 2**20,
+        }
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return {"kind": "unavailable", "megabytes": None, "note": "no getrusage on this system"}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1.0 if sys.platform == "darwin" else 1024.0  # macOS reports bytes, Linux kilobytes
+    return {
+        "kind": "cpu_process_peak_rss",
+        "megabytes": rss * scale / 2**20,
+        "note": "peak resident memory of the whole process so far, not of this run alone",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Training with checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainState:
+    """What :func:`train_model` returns and what a checkpoint carries besides the tensors.
+
+    ``train_curve`` / ``val_curve``: ``{"step": [...], "loss": [...]}`` (the train curve holds the
+    mean loss of each ``log_every`` steps, labelled by the last of them); ``train_seconds``: time
+    spent in training steps (summed over resumed segments); ``finished``: whether all steps ran.
+    """
+
+    step: int = 0
+    train_curve: dict = field(default_factory=lambda: {"step": [], "loss": []})
+    val_curve: dict = field(default_factory=lambda: {"step": [], "loss": []})
+    train_seconds: float = 0.0
+    segments: int = 0
+    finished: bool = False
+    pending_loss_sum: float = 0.0  # losses of steps not yet logged (log_every > 1)
+    pending_count: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _rng_states(generator: torch.Generator) -> dict:
+    states = {"batch_generator": generator.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _restore_rng_states(states: dict, generator: torch.Generator) -> None:
+    generator.set_state(states["batch_generator"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: TrainState,
+    generator: torch.Generator,
+    meta: dict,
+) -> None:
+    """Write model + optimiser + step + RNG states + curves to ``path`` atomically (a temporary
+    file renamed over the old one, so an interruption never leaves a half-written checkpoint).
+    ``meta`` (JSON-like) identifies the run; :func:`load_checkpoint` checks it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "state": state.to_dict(),
+        "rng": _rng_states(generator),
+        "meta": meta,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """The dict :func:`save_checkpoint` wrote (tensors on ``map_location``)."""
+    return torch.load(Path(path), map_location=map_location, weights_only=True)
+
+
+def _check_meta(path: Path, saved: dict, expected: dict) -> None:
+    if saved != expected:
+        diff = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
+        raise ValueError(
+            f"checkpoint {path} belongs to a different run (differs in: {', '.join(diff)}); "
+            "delete it or recompute with force=True (--force)"
+        )
+
+
+def _progress_bar(total: int, initial: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    # When enabled, leave `disable` unset so that TQDM_DISABLE=1 in the environment still works.
+    options = {} if enabled else {"disable": True}
+    return tqdm(total=total, initial=initial, desc=desc, leave=False, **options)
+
+
+def train_model(
+    model: MiniBert,
+    train_tokens: torch.Tensor,
+    val_tokens: torch.Tensor,
+    config: TrainConfig,
+    *,
+    checkpoint_path: str | Path | None = None,
+    meta: dict | None = None,
+    stop_after_steps: int | None = None,
+    progress: bool = True,
+    desc: str = "train",
+) -> TrainState:
+    """Train ``model`` in place for ``config.steps`` steps on ``config.objective`` batches.
+
+    Each step: ``lr = learning_rate_at(step)``, a batch from :func:`training_batch`, loss,
+    backward, gradients clipped to norm ``grad_clip``, AdamW step. Every ``eval_every`` steps
+    (and after the last) the validation loss on ``eval_windows`` windows of ``seq_len`` is
+    appended to ``val_curve``.
+
+    With ``checkpoint_path``: if the file exists the run resumes from it (its ``meta`` must equal
+    ``meta``); a checkpoint is written every ``checkpoint_every`` steps, after the last step and
+    when ``stop_after_steps`` is reached (to simulate an interruption; the returned state then has
+    ``finished=False``). After a crash or Ctrl-C the run resumes from the last checkpoint written.
+    The resumed run is bit-identical to an uninterrupted one on the same device (RNG states, data
+    order and the not-yet-logged losses are restored).
+    """
+    device = _model_device(model)
+    generator = torch.Generator().manual_seed(config.seed)
+    optimizer = make_optimizer(model, config.learning_rate, config.weight_decay)
+    state = TrainState()
+    meta = dict(meta or {})
+    checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
+    if checkpoint_path is not None and checkpoint_path.exists():
+        saved = load_checkpoint(checkpoint_path, map_location=device)
+        _check_meta(checkpoint_path, saved["meta"], meta)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state = TrainState(**saved["state"])
+        _restore_rng_states(saved["rng"], generator)
+    else:
+        torch.manual_seed(config.seed)  # the global RNG drives dropout
+    if state.finished:
+        return state
+    state.segments += 1
+
+    def checkpoint() -> None:
+        if checkpoint_path is not None:
+            save_checkpoint(checkpoint_path, model, optimizer, state, generator, meta)
+
+    def validate() -> float:
+        loss, _ = evaluate_loss(
+            model,
+            val_tokens,
+            config.seq_len,
+            max_windows=config.eval_windows,
+            batch_size=config.eval_batch_size,
+            mask_prob=config.mask_prob,
+            mask_seed=config.mask_seed,
+            autocast_dtype=config.autocast_dtype,
+        )
+        return loss
+
+    stop_at = config.steps if stop_after_steps is None else min(config.steps, stop_after_steps)
+    model.train()
+    running = torch.tensor(state.pending_loss_sum, device=device)
+    bar = _progress_bar(config.steps, state.step, desc, progress)
+    timer = time.perf_counter()
+    try:
+        while state.step < stop_at:
+            lr = learning_rate_at(
+                state.step,
+                config.steps,
+                config.learning_rate,
+                config.warmup_steps,
+                config.min_lr_ratio,
+            )
+            _set_learning_rate(optimizer, lr)
+            input_ids, labels = training_batch(
+                model.config.objective, train_tokens, config, generator
+            )
+            input_ids, labels = input_ids.to(device), labels.to(device)
+            with _autocast(device, config.autocast_dtype):
+                loss = model(input_ids, labels=labels).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            running += loss.detach().float()
+            state.pending_count += 1
+            state.step += 1
+            if state.step % config.log_every == 0 or state.step == config.steps:
+                mean_loss = float(running) / state.pending_count  # syncs the device
+                state.train_curve["step"].append(state.step)
+                state.train_curve["loss"].append(mean_loss)
+                running.zero_()
+                state.pending_count = 0
+                bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.1e}", refresh=False)
+            bar.update(1)
+            state.finished = state.step == config.steps
+            evaluate_now = state.step % config.eval_every == 0 or state.finished
+            save_now = state.step % config.checkpoint_every == 0 or state.step == stop_at
+            if evaluate_now or save_now:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                state.train_seconds += time.perf_counter() - timer
+                if evaluate_now:
+                    state.val_curve["step"].append(state.step)
+                    state.val_curve["loss"].append(validate())
+                    model.train()
+                if save_now:
+                    state.pending_loss_sum = float(running)
+                    checkpoint()
+                timer = time.perf_counter()
+    finally:
+        bar.close()
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes
+# ---------------------------------------------------------------------------------------------
+
+
+def probe_inputs(
+    probe: ProbeBatch, objective: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Model inputs for a probe: ``(input_ids [N, T'], labels [N, T'], score_index [N])``.
+
+    * ``clm``: inputs are ``input_ids[:, :-1]``; the labels are the answer span's tokens at the
+      positions that predict them (``answer_index - 1 ...``), -100 elsewhere; the prediction at
+      ``score_index = answer_index - 1`` decides.
+    * ``mlm``: the answer span is replaced by ``MASK`` and labelled with its tokens; the
+      prediction at ``score_index = answer_index`` decides.
+    """
+    ids = probe.input_ids
+    n = ids.shape[0]
+    span = probe.answer_index[:, None] + torch.arange(probe.answer_len)[None, :]  # [N, span]
+    rows = torch.arange(n)[:, None]
+    if objective == "clm":
+        inputs = ids[:, :-1].clone()
+        labels = torch.full_like(inputs, IGNORE_INDEX)
+        labels[rows, span - 1] = ids[rows, span]
+        return inputs, labels, probe.answer_index - 1
+    if objective == "mlm":
+        inputs = ids.clone()
+        inputs[rows, span] = MASK_ID
+        labels = torch.full_like(ids, IGNORE_INDEX)
+        labels[rows, span] = ids[rows, span]
+        return inputs, labels, probe.answer_index.clone()
+    raise ValueError(f"unknown objective {objective!r}; valid: 'mlm', 'clm'")
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+@torch.no_grad()
+def probe_correct(
+    model: MiniBert, probe: ProbeBatch, *, batch_size: int = 256, autocast_dtype: str | None = None
+) -> torch.Tensor:
+    """Bool ``[N]``: whether the model picks the right candidate for each probe example."""
+    device = _model_device(model)
+    inputs, _, score_index = probe_inputs(probe, model.config.objective)
+    was_training = model.training
+    model.eval()
+    scored = []
+    for part in _chunks(len(probe), batch_size):
+        with _autocast(device, autocast_dtype):
+            logits = model(inputs[part].to(device)).logits
+        rows = torch.arange(logits.shape[0], device=device)
+        scored.append(logits[rows, score_index[part].to(device)].float().cpu())  # [n, vocab]
+    model.train(was_training)
+    return probe.choose(torch.cat(scored)) == probe.answer_id
+
+
+def probe_finetune(
+    model: MiniBert,
+    train_probe: ProbeBatch,
+    eval_probe: ProbeBatch,
+    config: ProbeConfig,
+    *,
+    autocast_dtype: str | None = None,
+    progress: bool = False,
+    desc: str = "probe",
+) -> dict:
+    """The probe protocol: fine-tune a copy of ``model`` on ``train_probe``, score ``eval_probe``.
+
+    A deep copy of the pretrained model (the original is untouched), with its own attention
+    (causal for ``clm``, bidirectional with the answer masked for ``mlm``; see
+    :func:`probe_inputs`), is trained for ``config.steps`` AdamW steps (warm-up + cosine,
+    clipping) on batches of ``config.batch_size`` examples drawn with a generator seeded by
+    ``config.seed``. The loss is, for ``config.loss``:
+
+    * ``"candidates"`` (default): cross-entropy of the answer among the candidates, i.e. a
+      softmax over ``logits[score_index, candidate_ids]`` only. The model need not first learn
+      which tokens can be answers; it learns the decision the probe measures.
+    * ``"answer_span"``: the language-model cross-entropy of the answer span over the vocabulary.
+
+    Everything random is seeded, so every encoding gets the same examples in the same order.
+    Accuracy = fraction of held-out examples whose highest-scoring candidate is the answer.
+
+    Returns ``{"accuracy", "correct" (list of bool, one per eval example), "final_train_loss"}``.
+    """
+    device = _model_device(model)
+    tuned = copy.deepcopy(model)
+    tuned.train()
+    optimizer = make_optimizer(tuned, config.learning_rate, config.weight_decay)
+    inputs, labels, score_index = probe_inputs(train_probe, model.config.objective)
+    candidates = train_probe.candidate_ids
+    target = (candidates == train_probe.answer_id[:, None]).float().argmax(dim=1)  # [N]
+    generator = torch.Generator().manual_seed(config.seed)
+    fork_devices = [device] if device.type == "cuda" else []
+    last_loss = float("nan")
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(config.seed)
+        bar = _progress_bar(config.steps, 0, desc, progress)
+        for step in range(config.steps):
+            lr = learning_rate_at(
+                step, config.steps, config.learning_rate, config.warmup_steps, config.min_lr_ratio
+            )
+            _set_learning_rate(optimizer, lr)
+            index = torch.randint(0, len(train_probe), (config.batch_size,), generator=generator)
+            batch_inputs = inputs[index].to(device)
+            with _autocast(device, autocast_dtype):
+                if config.loss == "answer_span":
+                    loss = tuned(batch_inputs, labels=labels[index].to(device)).loss
+                else:
+                    logits = tuned(batch_inputs).logits
+            if config.loss == "candidates":
+                rows = torch.arange(len(index), device=device)
+                scored = logits[rows, score_index[index].to(device)].float()  # [batch, vocab]
+                scored = scored.gather(1, candidates[index].to(device))  # [batch, candidates]
+                loss = F.cross_entropy(scored, target[index].to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(tuned.parameters(), config.grad_clip)
+            optimizer.step()
+            bar.update(1)
+            if step == config.steps - 1 or step % 25 == 0:
+                last_loss = float(loss.detach())
+                bar.set_postfix(loss=f"{last_loss:.3f}", refresh=False)
+        bar.close()
+    correct = probe_correct(tuned, eval_probe, autocast_dtype=autocast_dtype)
+    return {
+        "accuracy": float(correct.float().mean()),
+        "correct": correct.tolist(),
+        "final_train_loss": last_loss,
+    }

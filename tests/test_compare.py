@@ -1,0 +1,264 @@
+"""The training loop and the encoding comparison, on the tiny preset (CPU, about a minute).
+
+What is checked: every encoding learns (ends well below the unigram baseline); the word-order
+probe separates the no-position model from positional ones; an interrupted run resumes to the
+result of an uninterrupted one; finished runs are reused, mismatched ones refused; the pieces
+(learning-rate schedule, probe inputs, extrapolation on the same text) do what they say.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import course_lib.train as train_module
+from course_lib import compare
+from course_lib.compare import ENCODINGS, PRESETS, main, run_comparison, run_one
+from course_lib.data import IGNORE_INDEX, MASK_ID, retrieval_probe, word_order_probe
+from course_lib.model import MiniBert
+from course_lib.train import (
+    extrapolation_losses,
+    learning_rate_at,
+    load_checkpoint,
+    probe_correct,
+    probe_inputs,
+)
+
+TINY = PRESETS["tiny"]
+# Language-model learning only (no probes): all six encodings with the causal objective.
+LEARNING = replace(TINY, probes=())
+# The word-order probe only, on the masked objective (where no position means exact chance).
+WORD_ORDER = replace(TINY, probes=(TINY.probes[0],))
+POSITIONAL_FOR_WORD_ORDER = ("rope", "learned")
+
+
+@pytest.fixture(scope="module")
+def clm_runs(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("compare-clm")
+    results = run_comparison(LEARNING, objectives=["clm"], out_dir=out_dir, progress=False)
+    return out_dir, {r["encoding"]: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def word_order_runs(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("compare-word-order")
+    results = run_comparison(
+        WORD_ORDER,
+        objectives=["mlm"],
+        encodings=["none", *POSITIONAL_FOR_WORD_ORDER],
+        out_dir=out_dir,
+        progress=False,
+        figures=False,
+    )
+    return {r["encoding"]: r for r in results}
+
+
+# -- learning --------------------------------------------------------------------------------
+
+
+def test_every_encoding_learns_well_below_unigram(clm_runs):
+    _, runs = clm_runs
+    assert sorted(runs) == sorted(ENCODINGS)
+    for encoding, result in runs.items():
+        unigram = result["data"]["unigram_entropy_nats"]
+        final = result["metrics"]["final_val_loss"]
+        assert final < unigram - 0.25, f"{encoding}: {final:.3f} nats vs unigram {unigram:.3f}"
+        val = result["curves"]["val"]["loss"]
+        assert val[-1] < val[0], f"{encoding}: validation loss did not go down: {val}"
+        assert math.isclose(
+            result["metrics"]["final_val_bits_per_byte"], final / math.log(2), rel_tol=1e-12
+        )
+
+
+def test_results_record_costs_and_hardware(clm_runs):
+    _, runs = clm_runs
+    for encoding, result in runs.items():
+        metrics = result["metrics"]
+        assert metrics["tokens_per_second"] > 0
+        assert metrics["peak_memory"]["kind"] == "cpu_process_peak_rss"
+        assert result["hardware"]["kind"] == "CPU" and result["hardware"]["cpu"]
+        params = metrics["parameters"]
+        assert params["total"] == sum(v for k, v in params.items() if k != "total")
+        expected_table = TINY.num_layers * TINY.train.seq_len * TINY.hidden_size
+        assert params["position_embeddings"] == (expected_table if encoding == "learned" else 0)
+
+
+def test_learned_table_is_not_applicable_past_its_rows(clm_runs):
+    _, runs = clm_runs
+    for encoding, result in runs.items():
+        statuses = {e["multiple"]: e["status"] for e in result["extrapolation"]}
+        if encoding == "learned":
+            assert statuses == {1: "ok", 2: "not_applicable", 4: "not_applicable"}
+            assert "rows" in result["extrapolation"][1]["reason"]
+        else:
+            assert set(statuses.values()) == {"ok"}, encoding
+            tokens = {e["tokens"] for e in result["extrapolation"]}
+            assert len(tokens) == 1, f"{encoding}: lengths scored different text: {tokens}"
+
+
+def test_figures_and_summary_are_written(clm_runs):
+    out_dir, _ = clm_runs
+    for name in ("loss_curves.png", "extrapolation.png", "cost_table.png"):
+        assert (out_dir / name).stat().st_size > 1000, name
+    summary = (out_dir / "summary.md").read_text()
+    for encoding in ENCODINGS:
+        assert f"| clm | {encoding} |" in summary
+    assert "CPU" in summary
+
+
+# -- probes ----------------------------------------------------------------------------------
+
+
+def test_no_position_model_is_worse_on_word_order(word_order_runs):
+    none = word_order_runs["none"]["probes"]["word_order"]
+    # Bidirectional and position-blind: the two orders of a pair look identical, so exactly one
+    # of them is answered right: accuracy 1/2 and no pair fully right.
+    assert none["accuracy"] == 0.5
+    assert none["pairs_both_right"] == 0.0
+    for encoding in POSITIONAL_FOR_WORD_ORDER:
+        accuracy = word_order_runs[encoding]["probes"]["word_order"]["accuracy"]
+        assert accuracy > none["accuracy"] + 0.1, f"{encoding}: {accuracy:.3f}"
+
+
+def test_untrained_no_position_mlm_splits_every_pair():
+    torch.manual_seed(0)
+    model = MiniBert(TINY.model_config("none", "mlm"))
+    probe = word_order_probe(40, seed=3)
+    correct = probe_correct(model, probe)
+    assert correct.view(-1, 2).sum(dim=1).tolist() == [1] * 20
+
+
+def test_probe_inputs_label_only_the_answer():
+    probe = word_order_probe(4, seed=0)
+    start, span = int(probe.answer_index[0]), probe.answer_len
+    inputs, labels, score = probe_inputs(probe, "clm")
+    assert inputs.shape[1] == probe.input_ids.shape[1] - 1
+    assert torch.equal(score, probe.answer_index - 1)
+    assert torch.equal(labels[:, start - 1 : start - 1 + span], probe.input_ids[:, start:])
+    assert (labels[:, : start - 1] == IGNORE_INDEX).all()
+    inputs, labels, score = probe_inputs(probe, "mlm")
+    assert (inputs[:, start:] == MASK_ID).all() and torch.equal(
+        inputs[:, :start], probe.input_ids[:, :start]
+    )
+    assert torch.equal(labels[:, start:], probe.input_ids[:, start:])
+    assert (labels[:, :start] == IGNORE_INDEX).all()
+    with pytest.raises(ValueError, match="objective"):
+        probe_inputs(probe, "seq2seq")
+
+
+def test_held_out_probe_examples_are_unseen():
+    for spec in TINY.probes:
+        seen = set(spec.make("train").texts)
+        held_out = spec.make("eval")
+        assert len(held_out) > 0 and not seen.intersection(held_out.texts)
+
+
+def test_bag_of_symbols_baseline_is_between_chance_and_one():
+    probe = retrieval_probe(300, 8, seed=0)
+    baseline = compare.retrieval_bag_baseline(probe)
+    assert 1 / 26 < baseline < 0.5
+
+
+# -- resume ----------------------------------------------------------------------------------
+
+
+def test_interrupted_run_resumes_to_the_same_result(clm_runs, tmp_path, monkeypatch):
+    reference_dir, runs = clm_runs
+    real_batch = train_module.training_batch
+    calls = {"n": 0}
+
+    def crashing_batch(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 70:
+            raise KeyboardInterrupt("simulated interruption")
+        return real_batch(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "training_batch", crashing_batch)
+    with pytest.raises(KeyboardInterrupt):
+        run_one("rse", "clm", LEARNING, out_dir=tmp_path, progress=False)
+    checkpoint = tmp_path / "checkpoints" / "clm_rse.pt"
+    assert load_checkpoint(checkpoint)["state"]["step"] == 50  # the last periodic checkpoint
+    assert not (tmp_path / "clm_rse.json").exists()
+
+    monkeypatch.setattr(train_module, "training_batch", real_batch)
+    resumed = run_one("rse", "clm", LEARNING, out_dir=tmp_path, progress=False)
+    reference = runs["rse"]
+    assert resumed["metrics"]["training_segments"] == 2
+    assert resumed["curves"]["train"]["step"] == reference["curves"]["train"]["step"]
+    for kind in ("train", "val"):
+        assert resumed["curves"][kind]["loss"] == pytest.approx(
+            reference["curves"][kind]["loss"], abs=1e-6
+        )
+    for ours, theirs in zip(resumed["extrapolation"], reference["extrapolation"], strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+    ours = load_checkpoint(checkpoint)["model"]
+    theirs = load_checkpoint(reference_dir / "checkpoints" / "clm_rse.pt")["model"]
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, atol=1e-6, rtol=0)
+
+
+def test_finished_runs_are_reused_and_mismatches_refused(clm_runs, monkeypatch):
+    out_dir, runs = clm_runs
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a finished run was recomputed")
+
+    monkeypatch.setattr(compare, "train_model", must_not_train)
+    again = run_one("rope", "clm", LEARNING, out_dir=out_dir, progress=False)
+    assert again == json.loads((out_dir / "clm_rope.json").read_text())
+    other = replace(LEARNING, train=replace(LEARNING.train, learning_rate=1e-4))
+    with pytest.raises(ValueError, match="force"):
+        run_one("rope", "clm", other, out_dir=out_dir, progress=False)
+
+
+def test_command_line_stops_and_keeps_a_checkpoint(tmp_path, capsys):
+    args = ["--preset", "tiny", "--encodings", "none", "--objectives", "clm"]
+    args += ["--out-dir", str(tmp_path), "--no-progress", "--stop-after-steps", "3"]
+    assert main(args) == 0
+    assert load_checkpoint(tmp_path / "checkpoints" / "clm_none.pt")["state"]["step"] == 3
+    assert not (tmp_path / "clm_none.json").exists()
+    assert (tmp_path / "checkpoints" / ".gitignore").read_text().strip().endswith("*")
+    assert "0 finished run(s)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--encodings", "sinusoidal"])
+
+
+# -- pieces ----------------------------------------------------------------------------------
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor():
+    steps, peak, warmup, floor = 100, 1e-3, 10, 0.1
+    lrs = [learning_rate_at(s, steps, peak, warmup, floor) for s in range(steps)]
+    assert lrs[0] == pytest.approx(peak / warmup)
+    assert lrs[warmup - 1] == pytest.approx(peak) and lrs[warmup] == pytest.approx(peak)
+    assert all(a <= b for a, b in zip(lrs[:warmup], lrs[1 : warmup + 1], strict=True))
+    assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :], strict=False))
+    assert lrs[-1] == pytest.approx(peak * floor)
+
+
+def test_extrapolation_scores_the_same_tokens_at_every_length():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 256, (4000,))
+    for objective in ("clm", "mlm"):
+        model = MiniBert(TINY.model_config("rope", objective))
+        entries = extrapolation_losses(model, tokens, 16, (1, 2, 4), eval_tokens=640)
+        assert [e["length"] for e in entries] == [16, 32, 64]
+        assert len({e["tokens"] for e in entries}) == 1
+        assert all(math.isfinite(e["loss"]) for e in entries)
+    learned = MiniBert(replace(TINY.model_config("learned", "clm"), max_position_embeddings=16))
+    entries = extrapolation_losses(learned, tokens, 16, (1, 2), eval_tokens=640)
+    assert [e["status"] for e in entries] == ["ok", "not_applicable"]
+
+
+def test_bad_presets_are_refused():
+    with pytest.raises(ValueError, match="valid"):
+        compare.choose_preset("huge")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            compare.choose_preset("gpu")
+    with pytest.raises(ValueError, match="training length"):
+        replace(TINY, train=replace(TINY.train, seq_len=16))
