@@ -21,6 +21,7 @@ __all__ = [
     "exercise",
     "report_check",
     "execute_notebooks",
+    "display_figure",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +39,16 @@ def save_figure(fig, name: str) -> Path:
     path = output_dir() / name
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path
+
+
+def display_figure(fig) -> None:
+    """Show ``fig`` once in the notebook and close it (for ``interact`` callbacks that build a
+    figure: ``interact(lambda x: display_figure(draw(x)), x=...)``)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    display(fig)
+    plt.close(fig)
 
 
 def using_solutions() -> bool:
