@@ -17,7 +17,13 @@ __all__ = [
     "default_position_ids",
     "check_distance_penalty",
     "check_kernel_qkv",
+    "KERNEL_HEAD_DIMS",
+    "KERNEL_DTYPES",
 ]
+
+# What both fused kernel families (flash and stick-breaking) support.
+KERNEL_HEAD_DIMS: tuple[int, ...] = (16, 32, 64, 128)
+KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_choice(what: str, value: object, allowed: Iterable[str]) -> str:
@@ -140,8 +146,8 @@ def check_kernel_qkv(
     v: torch.Tensor,
     *,
     kernel: str,
-    head_dims: tuple[int, ...],
-    dtypes: tuple[torch.dtype, ...],
+    head_dims: tuple[int, ...] = KERNEL_HEAD_DIMS,
+    dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES,
 ) -> None:
     """:func:`check_qkv` plus what a fused kernel supports: seq_q == seq_k, head_dim, dtype."""
     four_d = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))

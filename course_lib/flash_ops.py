@@ -18,19 +18,20 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from course_lib.checks import (
+    KERNEL_HEAD_DIMS,
+    check_choice,
     check_kernel_qkv,
     check_key_padding_mask,
     check_position_ids,
     default_position_ids,
 )
+from course_lib.encodings import ROPE_STYLES
 from course_lib.runtime import check_kernel_tensors, load_kernel_module
 
 __all__ = ["flash_attention", "FLASH_POSITION_MODES", "FLASH_HEAD_DIMS"]
 
 FLASH_POSITION_MODES: tuple[str, ...] = ("none", "rope", "exposb")
-FLASH_HEAD_DIMS: tuple[int, ...] = (16, 32, 64, 128)
-_ROPE_STYLES = ("interleaved", "half")
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FLASH_HEAD_DIMS = KERNEL_HEAD_DIMS
 
 
 class _FlashAttentionFunction(torch.autograd.Function):
@@ -121,11 +122,10 @@ def flash_attention(
         raise ValueError(
             f"position_mode must be one of {list(FLASH_POSITION_MODES)}, got {position_mode!r}"
         )
-    if rope_style not in _ROPE_STYLES:
-        raise ValueError(f"rope_style must be one of {list(_ROPE_STYLES)}, got {rope_style!r}")
+    check_choice("rope_style", rope_style, ROPE_STYLES)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    check_kernel_qkv(q, k, v, kernel="flash", head_dims=FLASH_HEAD_DIMS, dtypes=_DTYPES)
+    check_kernel_qkv(q, k, v, kernel="flash")
     batch, heads, seq, head_dim = q.shape
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)

@@ -22,20 +22,20 @@ import math
 import torch
 
 from course_lib.checks import (
+    KERNEL_HEAD_DIMS,
+    check_choice,
     check_distance_penalty,
     check_kernel_qkv,
     check_key_padding_mask,
     check_position_ids,
     default_position_ids,
 )
-from course_lib.encodings import rope_angles
+from course_lib.encodings import ROPE_STYLES, rope_angles
 from course_lib.runtime import check_kernel_tensors, load_kernel_module
 
 __all__ = ["STICK_HEAD_DIMS", "stick_breaking_attention"]
 
-STICK_HEAD_DIMS: tuple[int, ...] = (16, 32, 64, 128)
-_ROPE_STYLES = ("interleaved", "half")
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+STICK_HEAD_DIMS = KERNEL_HEAD_DIMS
 
 
 class _StickBreakingFunction(torch.autograd.Function):
@@ -142,14 +142,13 @@ def stick_breaking_attention(
     Returns:
         ``[batch, heads, seq, head_dim]`` in the input dtype.
     """
-    check_kernel_qkv(q, k, v, kernel="stick-breaking", head_dims=STICK_HEAD_DIMS, dtypes=_DTYPES)
+    check_kernel_qkv(q, k, v, kernel="stick-breaking")
     batch, heads, seq, head_dim = q.shape
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     if not isinstance(rope, bool):
         raise TypeError(f"rope must be True or False, got {rope!r}")
-    if rope_style not in _ROPE_STYLES:
-        raise ValueError(f"rope_style must be one of {list(_ROPE_STYLES)}, got {rope_style!r}")
+    check_choice("rope_style", rope_style, ROPE_STYLES)
     rope_base = float(rope_base)
     if not (math.isfinite(rope_base) and rope_base > 0):
         raise ValueError(f"rope_base must be a positive finite number, got {rope_base}")
