@@ -11,6 +11,7 @@ import torch
 
 __all__ = [
     "check_choice",
+    "check_even_dim",
     "check_qkv",
     "check_position_ids",
     "check_key_padding_mask",
@@ -32,6 +33,14 @@ def check_choice(what: str, value: object, allowed: Iterable[str]) -> str:
     if value not in allowed:
         raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(map(repr, allowed))}")
     return value  # type: ignore[return-value]
+
+
+def check_even_dim(dim: int, what: str) -> None:
+    """``dim`` must be a positive even integer: channels come in pairs."""
+    if not isinstance(dim, int) or dim <= 0 or dim % 2:
+        raise ValueError(
+            f"{what} must be a positive even integer (channels come in pairs), got {dim}"
+        )
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

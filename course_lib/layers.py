@@ -1,19 +1,17 @@
-"""Self-attention modules, one per encoding, behind the registry ``get_attention_class(name)``.
+"""The attention module every encoding's module is built on, and the key/value cache.
 
-All take ``(hidden_size, num_heads, max_position_embeddings=512, dropout=0.0,
-backend="reference")`` and map hidden states ``[batch, seq, hidden]`` to ``[batch, seq, hidden]``
-with ``forward(hidden_states, attention_mask=None, causal=False, position_ids=None, cache=None)``.
-``attention_mask`` is bool ``[batch, seq]`` (True = real token); ``position_ids`` default to
-``cache.length + 0..seq-1``, so a decoding step continues the prefix's positions by construction.
+Every encoding's module (``get_attention_class(name)``, defined in the encoding's own file under
+:mod:`course_lib.encodings`) takes ``(hidden_size, num_heads, max_position_embeddings=512,
+dropout=0.0, backend="reference")`` and maps hidden states ``[batch, seq, hidden]`` to
+``[batch, seq, hidden]`` with ``forward(hidden_states, attention_mask=None, causal=False,
+position_ids=None, cache=None)``. ``attention_mask`` is bool ``[batch, seq]`` (True = real token);
+``position_ids`` default to ``cache.length + 0..seq-1``, so a decoding step continues the
+prefix's positions by construction.
 
-Where the position signal enters:
-
-* none: nowhere (bag of words);
-* absolute: the sinusoidal code of each position is added to the hidden states that feed Q and K
-  (not V), as in the implementation report;
-* learned: a trainable table ``nn.Embedding(max_position_embeddings, hidden)`` is added to the
-  hidden states that feed Q, K and V (as in the report); positions past the table raise an error;
-* rope / exposb / rse: inside attention, on q and k (see :mod:`course_lib.attention`).
+An encoding's module says where its signal enters by what it overrides: :meth:`add_positions`
+(place 1, the inputs of the projections) and :meth:`attention_params` (its parameters, and any
+term computed from the hidden states, handed to :func:`course_lib.attention.attention`); places
+2-4 are its registry record's, read by ``attention(method=record.method)``.
 
 Dropout is applied to the attention output (fused kernels have no dropout on the weights).
 """
@@ -23,24 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from course_lib.attention import BACKENDS, attention
 from course_lib.checks import check_choice, check_key_padding_mask, check_position_ids
-from course_lib.encodings import sinusoidal_embedding
+from course_lib.registry import Encoding, get_encoding
 
-__all__ = [
-    "ATTENTION_CLASSES",
-    "KVCache",
-    "PositionalSelfAttention",
-    "NoPositionAttention",
-    "AbsoluteAttention",
-    "LearnedAttention",
-    "RoPEAttention",
-    "ExpoSBAttention",
-    "RSEAttention",
-]
+__all__ = ["KVCache", "PositionalSelfAttention"]
 
 
 @dataclass
@@ -82,15 +69,12 @@ class KVCache:
 
 
 class PositionalSelfAttention(nn.Module):
-    """Multi-head self-attention; subclasses say where the position signal enters.
+    """Multi-head self-attention for one registered encoding (subclasses set ``encoding``).
 
-    Subclasses set ``method`` (the :func:`course_lib.attention.attention` method) and may
-    override :meth:`add_positions` (additive encodings) and :meth:`attention_params`.
+    Subclasses may override :meth:`add_positions` (place 1) and :meth:`attention_params`.
     """
 
-    encoding: str = ""
-    method: str = "softmax"
-    uses_position_ids_in_attention: bool = False
+    encoding: str = ""  # the name of the subclass's record in the registry
 
     def __init__(
         self,
@@ -101,6 +85,7 @@ class PositionalSelfAttention(nn.Module):
         backend: str = "reference",
     ) -> None:
         super().__init__()
+        get_encoding(self.encoding)  # a registered name, or a ValueError listing them
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -126,6 +111,11 @@ class PositionalSelfAttention(nn.Module):
         self.out = nn.Linear(hidden_size, hidden_size)
         self.dropout = nn.Dropout(dropout)
 
+    @property
+    def spec(self) -> Encoding:
+        """The encoding's registry record (what it does in each of the four places)."""
+        return get_encoding(self.encoding)
+
     # -- hooks ---------------------------------------------------------------------------------
     def add_positions(
         self, hidden_states: torch.Tensor, position_ids: torch.Tensor
@@ -133,8 +123,9 @@ class PositionalSelfAttention(nn.Module):
         """Return the hidden states that feed (Q and K, V). Default: no additive signal."""
         return hidden_states, hidden_states
 
-    def attention_params(self) -> dict:
-        """Extra keyword parameters for :func:`course_lib.attention.attention`."""
+    def attention_params(self, hidden_states: torch.Tensor) -> dict:
+        """Keyword parameters for :func:`course_lib.attention.attention` (the module's own
+        parameters, or terms computed from ``hidden_states`` ``[batch, seq, hidden]``)."""
         return {}
 
     # -- forward -------------------------------------------------------------------------------
@@ -170,149 +161,24 @@ class PositionalSelfAttention(nn.Module):
         key_positions, key_mask = position_ids, attention_mask
         if cache is not None:
             k, v, key_positions, key_mask = cache.append(k, v, position_ids, attention_mask)
+        spec = self.spec
+        # The fused kernels take seq_q == seq_k: a decoding step (new queries against the cache)
+        # runs the reference code of the same function.
+        backend = self.backend if q.shape[2] == k.shape[2] else "reference"
         context = attention(
             q, k, v,
-            method=self.method,
+            method=spec.method,
             causal=causal,
             key_padding_mask=key_mask,
-            position_ids=key_positions if self.uses_position_ids_in_attention else None,
-            backend=self.backend,
-            **self.attention_params(),
+            position_ids=key_positions if spec.uses_positions else None,
+            backend=backend,
+            **self.attention_params(hidden_states),
         )  # fmt: skip
         context = context.transpose(1, 2).reshape(batch, seq, self.hidden_size)
         return self.dropout(self.out(context))
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, head_dim={self.head_dim}, backend={self.backend!r}"
-
-
-class NoPositionAttention(PositionalSelfAttention):
-    """Softmax attention with no position signal: permutation-equivariant."""
-
-    encoding = "none"
-
-
-class AbsoluteAttention(PositionalSelfAttention):
-    """Sinusoidal codes added to the hidden states that feed Q and K (not V); no parameters."""
-
-    encoding = "absolute"
-
-    def __init__(
-        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
-    ):
-        super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
-        if hidden_size % 2:
-            raise ValueError(
-                f"sinusoidal codes come in (sin, cos) pairs: hidden_size must be even, got {hidden_size}"
-            )
-
-    def add_positions(self, hidden_states, position_ids):
-        pe = sinusoidal_embedding(position_ids, self.hidden_size).to(hidden_states.dtype)
-        return hidden_states + pe, hidden_states
-
-
-class LearnedAttention(PositionalSelfAttention):
-    """A trainable table ``[max_position_embeddings, hidden]`` added to the inputs of Q, K and V."""
-
-    encoding = "learned"
-
-    def __init__(
-        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
-    ):
-        super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
-        self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
-        nn.init.normal_(self.position_embeddings.weight, std=0.02)
-
-    def add_positions(self, hidden_states, position_ids):
-        limit = self.position_embeddings.num_embeddings
-        if bool((position_ids < 0).any()) or bool((position_ids >= limit).any()):
-            raise ValueError(
-                f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
-                f"{int(position_ids.max())}. A learned table knows nothing past its last row; "
-                "to stretch it on purpose call resize_position_table(new_size) (linear interpolation)."
-            )
-        h = hidden_states + self.position_embeddings(position_ids).to(hidden_states.dtype)
-        return h, h
-
-    @torch.no_grad()
-    def resize_position_table(self, new_size: int) -> None:
-        """Opt-in: stretch the table to ``new_size`` rows by linear interpolation along positions.
-
-        Row ``r`` of the new table is the old table read at ``r * (old - 1) / (new_size - 1)``.
-        """
-        if not isinstance(new_size, int) or new_size < 2:
-            raise ValueError(f"new_size must be an integer >= 2, got {new_size!r}")
-        old = self.position_embeddings.weight  # [old, hidden]
-        stretched = F.interpolate(
-            old.T.unsqueeze(0), size=new_size, mode="linear", align_corners=True
-        )[0].T
-        table = nn.Embedding(new_size, self.hidden_size, device=old.device, dtype=old.dtype)
-        table.weight.copy_(stretched)
-        self.position_embeddings = table
-        self.max_position_embeddings = new_size
-
-
-class RoPEAttention(PositionalSelfAttention):
-    """Rotary encoding of q and k (interleaved pairs, base 10000); no parameters."""
-
-    encoding = "rope"
-    method = "rope"
-    uses_position_ids_in_attention = True
-
-    def __init__(
-        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
-    ):
-        super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
-        if self.head_dim % 2:
-            raise ValueError(
-                f"{type(self).__name__} rotates channel pairs: head_dim must be even, got {self.head_dim}"
-            )
-
-
-class ExpoSBAttention(RoPEAttention):
-    """RoPE with the report's amplitude, band-pass gain and distance factor; no parameters.
-
-    The report also declares per-head ``band_weights`` and ``decay_rates`` but never wires them
-    into its kernel; they are not offered here rather than offered and ignored.
-    """
-
-    encoding = "exposb"
-    method = "exposb"
-
-
-class RSEAttention(RoPEAttention):
-    """RoPE + learnable distance penalty ``lambda_h * |i - j|`` + stick-breaking.
-
-    ``lambda_h = softplus(raw_h) >= 0``, one per head, initialised to about 0.01.
-    """
-
-    encoding = "rse"
-    method = "rse"
-
-    def __init__(
-        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
-    ):
-        super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
-        init = torch.full((num_heads,), 0.01)
-        self.distance_penalty_raw = nn.Parameter(torch.log(torch.expm1(init)))
-
-    @property
-    def distance_penalty(self) -> torch.Tensor:
-        """``lambda`` per head, ``[heads]``, always >= 0."""
-        return F.softplus(self.distance_penalty_raw)
-
-    def attention_params(self) -> dict:
-        return {"distance_penalty": self.distance_penalty}
-
-
-ATTENTION_CLASSES: dict[str, type[PositionalSelfAttention]] = {
-    cls.encoding: cls
-    for cls in (
-        NoPositionAttention,
-        AbsoluteAttention,
-        LearnedAttention,
-        RoPEAttention,
-        ExpoSBAttention,
-        RSEAttention,
-    )
-}
+        return (
+            f"encoding={self.encoding!r}, heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"backend={self.backend!r}"
+        )

@@ -22,7 +22,7 @@ from torch import nn
 
 from course_lib.attention import get_attention_class
 from course_lib.checks import check_choice
-from course_lib.layers import KVCache, LearnedAttention
+from course_lib.layers import KVCache
 
 __all__ = ["BertConfig", "MiniBert", "ModelOutput", "OBJECTIVES"]
 
@@ -228,7 +228,7 @@ class MiniBert(nn.Module):
         tables = [
             layer.attention
             for layer in self.layers
-            if isinstance(layer.attention, LearnedAttention)
+            if hasattr(layer.attention, "resize_position_table")
         ]
         if not tables:
             raise ValueError(

@@ -1,0 +1,66 @@
+"""Learned absolute positions: a trainable table added to the inputs (chapter 02)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.layers import PositionalSelfAttention
+from course_lib.registry import Encoding, register
+
+__all__ = ["LearnedAttention"]
+
+
+class LearnedAttention(PositionalSelfAttention):
+    """A trainable table ``[max_position_embeddings, hidden]`` added to the inputs of Q, K and V."""
+
+    encoding = "learned"
+
+    def __init__(
+        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+    ):
+        super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
+        self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
+        nn.init.normal_(self.position_embeddings.weight, std=0.02)
+
+    def add_positions(self, hidden_states, position_ids):
+        limit = self.position_embeddings.num_embeddings
+        if bool((position_ids < 0).any()) or bool((position_ids >= limit).any()):
+            raise ValueError(
+                f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
+                f"{int(position_ids.max())}. A learned table knows nothing past its last row; "
+                "to stretch it on purpose call resize_position_table(new_size) (linear interpolation)."
+            )
+        h = hidden_states + self.position_embeddings(position_ids).to(hidden_states.dtype)
+        return h, h
+
+    @torch.no_grad()
+    def resize_position_table(self, new_size: int) -> None:
+        """Opt-in: stretch the table to ``new_size`` rows by linear interpolation along positions.
+
+        Row ``r`` of the new table is the old table read at ``r * (old - 1) / (new_size - 1)``.
+        """
+        if not isinstance(new_size, int) or new_size < 2:
+            raise ValueError(f"new_size must be an integer >= 2, got {new_size!r}")
+        old = self.position_embeddings.weight  # [old, hidden]
+        stretched = F.interpolate(
+            old.T.unsqueeze(0), size=new_size, mode="linear", align_corners=True
+        )[0].T
+        table = nn.Embedding(new_size, self.hidden_size, device=old.device, dtype=old.dtype)
+        table.weight.copy_(stretched)
+        self.position_embeddings = table
+        self.max_position_embeddings = new_size
+
+
+register(
+    Encoding(
+        name="learned",
+        chapter="02_learned",
+        summary="a trainable table of one vector per position, added to the inputs of Q, K and V",
+        module=LearnedAttention,
+        color="#ff7f0e",
+        inputs="adds row p of a trainable table [max_positions, hidden] to the inputs of Q, K, V",
+        learnable=True,
+    )
+)

@@ -1,0 +1,189 @@
+"""The encoding registry: one record per encoding, and every other part of the course reads it.
+
+Position can enter attention in four places, and an :class:`Encoding` says what it does in each::
+
+    1. inputs      h_qk, h_v = inputs(h, p)              (absolute sinusoid, learned table)
+    2. q/k         q'_i = T(p_i) q_i,  k'_j = T(p_j) k_j  (RoPE, ExpoSB's gains, 2D RoPE, ...)
+    3. score bias  s_ij = scale * q'_i . k'_j + b(i, j)   (ExpoSB's distance factor, RSE, ALiBi, T5)
+    4. normaliser  A_i = softmax(s_i) or stick-breaking(s_i)
+
+Place 1 is done by the encoding's attention module (it owns the parameters), places 2-4 by
+:func:`course_lib.attention.attention`, which composes the record's hooks, and by the fused
+kernels, which take the tables and bias the record's kernel hooks build.
+
+The record lives in the encoding's own file under :mod:`course_lib.encodings`, which calls
+:func:`register`; nothing else in the course keeps a list of encoding names. This module imports
+nothing of the course, so every other module can read the registry without an import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = [
+    "Encoding",
+    "REGISTRY",
+    "REQUIRED",
+    "NORMALISER_NAMES",
+    "register",
+    "unregister",
+    "get_encoding",
+    "attention_methods",
+]
+
+NORMALISER_NAMES: tuple[str, ...] = ("softmax", "stick_breaking")
+
+
+class _Required:
+    """Marks an attention parameter that has no default (e.g. RSE's ``distance_penalty``)."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """One positional encoding: what it does in each of the four places, and what it claims.
+
+    Identity: ``name`` (the key everywhere: ``get_attention_class(name)``, the comparison, the
+    figures), ``chapter`` (the notebook that teaches it), ``summary`` (one line), ``color`` (its
+    colour in every figure), ``module`` (its attention module class, built on
+    :class:`course_lib.layers.PositionalSelfAttention`).
+
+    The four places (None: the encoding does nothing there):
+
+    * ``inputs``: a sentence saying what the module adds to the projections' inputs.
+    * ``qk_transform(x, positions, params) -> x'``: ``x`` ``[batch, heads, seq, head_dim]``,
+      ``positions`` integer ``[1 or batch, seq]``; applied to q with the query positions and to
+      k with the key positions.
+    * ``score_bias(query_positions, key_positions, params) -> bias`` broadcastable to
+      ``[batch, heads, seq_q, seq_k]``, added to the scaled scores.
+    * ``normaliser``: ``"softmax"`` or ``"stick_breaking"`` (the leftover stick goes to the
+      query's own value).
+
+    ``params``: the keyword parameters ``attention(method=name, ...)`` takes, with defaults
+    (:data:`REQUIRED` for none); ``check_params(params, heads, head_dim, device)`` validates them.
+
+    Kernel hooks: ``kernel_tables(positions, head_dim, params) -> QKTables`` (when
+    ``qk_transform`` is set) and ``kernel_bias(params) -> ScoreBias`` (when ``score_bias`` is
+    set); see :mod:`course_lib.kernel_hooks`. An encoding whose attention part has no kernel hook
+    sets ``kernel_support`` to a sentence saying why, and the Triton backend refuses it with that
+    sentence.
+
+    Claims, checked for every record by the conformance tests: ``relative`` (the scores depend on
+    positions only through ``p_i - p_j``: shifting every position changes nothing),
+    ``causal_only`` (no bidirectional form), ``learnable`` (it has trainable parameters).
+    """
+
+    name: str
+    chapter: str
+    summary: str
+    module: type
+    color: str
+    inputs: str | None = None
+    qk_transform: Callable | None = None
+    score_bias: Callable | None = None
+    normaliser: str = "softmax"
+    params: Mapping[str, object] = field(default_factory=dict)
+    check_params: Callable | None = None
+    kernel_tables: Callable | None = None
+    kernel_bias: Callable | None = None
+    kernel_support: str | None = None
+    relative: bool = False
+    causal_only: bool = False
+    learnable: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"an encoding name must be an identifier, got {self.name!r}")
+        if self.normaliser not in NORMALISER_NAMES:
+            raise ValueError(
+                f"{self.name}: normaliser must be one of {NORMALISER_NAMES}, got {self.normaliser!r}"
+            )
+        if self.name == "softmax":
+            raise ValueError("'softmax' names the plain attention method; pick another name")
+        if self.qk_transform is not None and self.kernel_tables is None and not self.kernel_support:
+            raise ValueError(f"{self.name}: qk_transform needs kernel_tables (or kernel_support)")
+        if self.score_bias is not None and self.kernel_bias is None and not self.kernel_support:
+            raise ValueError(f"{self.name}: score_bias needs kernel_bias (or kernel_support)")
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+
+    @property
+    def acts_in_attention(self) -> bool:
+        """True if it changes attention itself (places 2-4), so it is an ``attention`` method."""
+        return (
+            self.qk_transform is not None
+            or self.score_bias is not None
+            or self.normaliser != "softmax"
+        )
+
+    @property
+    def method(self) -> str:
+        """The ``attention(method=...)`` name its modules use: its own name, or ``"softmax"``
+        when its position signal lives in the inputs (or nowhere)."""
+        return self.name if self.acts_in_attention else "softmax"
+
+    @property
+    def uses_positions(self) -> bool:
+        """True if attention reads position ids (a q/k transform or a score bias)."""
+        return self.qk_transform is not None or self.score_bias is not None
+
+    def places(self) -> dict[str, str]:
+        """What it does in each place, in words (for tables in the notebooks)."""
+
+        def doc(fn: Callable | None) -> str:
+            if fn is None:
+                return "-"
+            return (fn.__doc__ or fn.__name__).strip().splitlines()[0]
+
+        return {
+            "inputs": self.inputs or "-",
+            "q/k": doc(self.qk_transform),
+            "score bias": doc(self.score_bias),
+            "normaliser": self.normaliser,
+        }
+
+
+_REGISTRY: dict[str, Encoding] = {}
+REGISTRY: Mapping[str, Encoding] = MappingProxyType(_REGISTRY)
+"""Every encoding the course teaches, ``name -> Encoding``, in the course's order (by chapter,
+then in the order they were registered). Read-only: add one with :func:`register`."""
+
+
+def register(encoding: Encoding) -> Encoding:
+    """Add ``encoding`` to :data:`REGISTRY` (its name must be new); return it."""
+    if not isinstance(encoding, Encoding):
+        raise TypeError(f"register() takes an Encoding, got {type(encoding).__name__}")
+    if encoding.name in _REGISTRY:
+        raise ValueError(f"an encoding named {encoding.name!r} is already registered")
+    _REGISTRY[encoding.name] = encoding
+    in_course_order = sorted(_REGISTRY.values(), key=lambda e: e.chapter)  # stable
+    _REGISTRY.clear()
+    _REGISTRY.update((e.name, e) for e in in_course_order)
+    return encoding
+
+
+def unregister(name: str) -> Encoding:
+    """Remove and return an encoding (for tests that register a temporary one)."""
+    return _REGISTRY.pop(get_encoding(name).name)
+
+
+def get_encoding(name: str) -> Encoding:
+    """The record of ``name``; an unknown name raises a ValueError listing the valid ones."""
+    if name not in _REGISTRY:
+        valid = ", ".join(map(repr, _REGISTRY))
+        raise ValueError(f"unknown encoding {name!r}; valid: {valid}")
+    return _REGISTRY[name]
+
+
+def attention_methods() -> dict[str, Encoding | None]:
+    """``attention(method=...)`` names: ``"softmax"`` (no position signal in attention, None)
+    and every encoding that acts in attention itself."""
+    methods: dict[str, Encoding | None] = {"softmax": None}
+    methods.update({name: e for name, e in _REGISTRY.items() if e.acts_in_attention})
+    return methods
