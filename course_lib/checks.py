@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 import torch
 
+from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
+
 __all__ = [
     "check_choice",
     "check_even_dim",
@@ -21,10 +23,6 @@ __all__ = [
     "KERNEL_HEAD_DIMS",
     "KERNEL_DTYPES",
 ]
-
-# What both fused kernel families (flash and stick-breaking) support.
-KERNEL_HEAD_DIMS: tuple[int, ...] = (16, 32, 64, 128)
-KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_choice(what: str, value: object, allowed: Iterable[str]) -> str:

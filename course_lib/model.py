@@ -179,6 +179,9 @@ class MiniBert(nn.Module):
         The prompt is encoded once; each new token is then fed alone at position
         ``cache.length`` (the layers default to ``past + 0..seq-1``), so its rotation or table
         row is the one it would get in a full forward pass. ``temperature=0`` is greedy.
+        With ``backend="triton"`` the prompt runs the fused kernel and each cached step (one query
+        against the cache, which the kernels do not take) runs the reference code of the same
+        function.
         """
         if not self.causal:
             raise ValueError("generate() needs a causal model (objective='clm')")
