@@ -83,7 +83,9 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
             "the hidden states before the projections); pass position_ids=None"
         )
     if encoding is not None and encoding.check_params is not None:
-        encoding.check_params(params, heads=heads, head_dim=head_dim, device=q.device)
+        encoding.check_params(
+            params, heads=heads, head_dim=head_dim, device=q.device, causal=causal
+        )
     if params["scale"] is None:
         params["scale"] = 1.0 / math.sqrt(head_dim)
     return encoding, position_ids, params

@@ -67,7 +67,8 @@ class Encoding:
       query's own value).
 
     ``params``: the keyword parameters ``attention(method=name, ...)`` takes, with defaults
-    (:data:`REQUIRED` for none); ``check_params(params, heads, head_dim, device)`` validates them.
+    (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal)``
+    validates them, and may fill in a default that depends on the call (e.g. one value per head).
 
     Kernel hooks: ``kernel_tables(positions, head_dim, params) -> QKTables`` (when
     ``qk_transform`` is set) and ``kernel_bias(params) -> ScoreBias`` (when ``score_bias`` is

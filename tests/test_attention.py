@@ -89,7 +89,7 @@ def test_suffix_queries_equal_the_last_rows_of_the_full_pass():
 def test_clear_errors_for_bad_input():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="valid: 'softmax'"):
-        attention(q, k, v, method="alibi")
+        attention(q, k, v, method="not_a_method")
     with pytest.raises(ValueError, match="valid: 'reference', 'triton'"):
         attention(q, k, v, backend="cuda")
     with pytest.raises(ValueError, match="head_dim must be even"):

@@ -77,7 +77,7 @@ def test_loss_ignores_minus_100_and_parameter_counts_by_part():
 
 def test_model_errors():
     with pytest.raises(ValueError, match="valid: 'none'"):
-        BertConfig(vocab_size=10, encoding="alibi")
+        BertConfig(vocab_size=10, encoding="not_an_encoding")
     with pytest.raises(ValueError, match="valid: 'mlm', 'clm'"):
         BertConfig(vocab_size=10, objective="seq2seq")
     m = model("learned")

@@ -127,7 +127,7 @@ def rope_kernel_tables(positions: torch.Tensor, head_dim: int, params: dict) -> 
     return QKTables(angles.cos(), angles.sin(), None, params["style"])
 
 
-def check_rope_params(params: dict, *, heads: int, head_dim: int, device) -> None:
+def check_rope_params(params: dict, *, heads: int, head_dim: int, device, causal: bool) -> None:
     """``style`` in :data:`ROPE_STYLES`, ``base`` > 0, an even head_dim."""
     check_choice("RoPE style", params["style"], ROPE_STYLES)
     base = params["base"]

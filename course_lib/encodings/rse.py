@@ -31,9 +31,9 @@ def rse_penalty(
     return linear_distance_bias(query_positions, key_positions, params["distance_penalty"])
 
 
-def check_rse_params(params: dict, *, heads: int, head_dim: int, device) -> None:
+def check_rse_params(params: dict, *, heads: int, head_dim: int, device, causal: bool) -> None:
     """RoPE's checks, and ``distance_penalty``: a finite ``[heads]`` tensor of lambda >= 0."""
-    check_rope_params(params, heads=heads, head_dim=head_dim, device=device)
+    check_rope_params(params, heads=heads, head_dim=head_dim, device=device, causal=causal)
     check_distance_penalty(params["distance_penalty"], heads, device)
 
 

@@ -1,0 +1,94 @@
+"""ALiBi, attention with linear biases (Press, Smith & Lewis 2022) (chapter 06).
+
+No position in q or k: each head ``h`` subtracts ``m_h |p_i - p_j|`` from its scores, with fixed
+geometric slopes ``m_h = 2^(-8h/H)``, ``h = 1..H``. Causal, as in the paper (keys ``j <= i``, so
+the bias is ``-m_h (i - j)``), or bidirectional with the same symmetric bias.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from course_lib.encodings.distance import linear_distance_bias
+from course_lib.kernel_hooks import ScoreBias
+from course_lib.layers import PositionalSelfAttention
+from course_lib.registry import Encoding, register
+
+__all__ = ["alibi_slopes", "AlibiAttention"]
+
+
+def _geometric_slopes(num_heads: int) -> list[float]:
+    """``2^(-8h/H)`` for ``h = 1..H`` (``H`` a power of two)."""
+    return [2.0 ** (-8.0 * h / num_heads) for h in range(1, num_heads + 1)]
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """The paper's slopes ``[num_heads]`` (float32).
+
+    For ``H`` a power of two: ``m_h = 2^(-8h/H)``, a geometric sequence from ``2^(-8/H)`` down to
+    ``2^(-8)``. Otherwise, with ``H0`` the largest power of two below ``H``: the ``H0`` slopes of
+    ``H0`` heads, then the first ``H - H0`` of the odd-numbered slopes of ``2 H0`` heads (they fall
+    halfway, in log scale, between the first ones).
+    """
+    if not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    base = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = _geometric_slopes(base)
+    if base < num_heads:
+        slopes += _geometric_slopes(2 * base)[0::2][: num_heads - base]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, params: dict
+) -> torch.Tensor:
+    """-m_h |p_i - p_j| with fixed geometric slopes m_h"""
+    return linear_distance_bias(query_positions, key_positions, params["slopes"])
+
+
+def check_alibi_params(params: dict, *, heads: int, head_dim: int, device, causal: bool) -> None:
+    """``slopes``: None (the paper's, for ``heads``) or a finite ``[heads]`` tensor of slopes >= 0."""
+    slopes = params["slopes"]
+    if slopes is None:
+        params["slopes"] = alibi_slopes(heads).to(device)
+        return
+    if not isinstance(slopes, torch.Tensor) or not slopes.is_floating_point():
+        raise TypeError(
+            "ALiBi slopes must be a floating-point tensor [heads], got "
+            f"{getattr(slopes, 'dtype', type(slopes).__name__)}"
+        )
+    if tuple(slopes.shape) != (heads,):
+        raise ValueError(f"ALiBi slopes must have shape [heads] = [{heads}], got {tuple(slopes.shape)}")
+    if slopes.device != device:
+        raise ValueError(f"ALiBi slopes are on {slopes.device} but q is on {device}")
+    if not bool(torch.isfinite(slopes.detach()).all()):
+        raise ValueError("ALiBi slopes must be finite")
+    if bool((slopes.detach() < 0).any()):
+        raise ValueError(
+            "ALiBi slopes must be >= 0: the bias -m |i - j| penalises distance; a negative slope "
+            "would reward it"
+        )
+
+
+class AlibiAttention(PositionalSelfAttention):
+    """Softmax attention with ALiBi's fixed per-head linear distance penalty; no parameters."""
+
+    encoding = "alibi"
+
+
+register(
+    Encoding(
+        name="alibi",
+        chapter="06_score_biases",
+        summary="a fixed penalty -m_h |i - j| on the scores, one geometric slope per head",
+        module=AlibiAttention,
+        color="#bcbd22",
+        score_bias=alibi_bias,
+        params={"slopes": None},
+        check_params=check_alibi_params,
+        kernel_bias=lambda params: ScoreBias("linear_distance", params["slopes"]),
+        relative=True,
+    )
+)
