@@ -84,7 +84,12 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
         )
     if encoding is not None and encoding.check_params is not None:
         encoding.check_params(
-            params, heads=heads, head_dim=head_dim, device=q.device, causal=causal
+            params,
+            heads=heads,
+            head_dim=head_dim,
+            device=q.device,
+            causal=causal,
+            positions=position_ids,
         )
     if params["scale"] is None:
         params["scale"] = 1.0 / math.sqrt(head_dim)

@@ -67,7 +67,7 @@ class Encoding:
       query's own value).
 
     ``params``: the keyword parameters ``attention(method=name, ...)`` takes, with defaults
-    (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal)``
+    (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal, positions)``
     validates them, and may fill in a default that depends on the call (e.g. one value per head).
 
     Kernel hooks: ``kernel_tables(positions, head_dim, params) -> QKTables`` (when

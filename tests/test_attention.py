@@ -4,11 +4,11 @@ test_registry_conformance.py."""
 
 import pytest
 import torch
+from test_registry_conformance import example_params
 
 from course_lib.attention import attention, attention_weights, get_attention_class
 from course_lib.encodings import REGISTRY
 from course_lib.registry import attention_methods
-from test_registry_conformance import example_params
 
 METHODS = list(attention_methods())
 

@@ -10,9 +10,9 @@ check of the registry conformance tests accept it.
 import json
 
 import pytest
+import test_registry_conformance as conformance
 import torch
 
-import test_registry_conformance as conformance
 from course_lib.attention import attention, attention_weights, get_attention_class
 from course_lib.encodings import REGISTRY
 from course_lib.encodings.distance import linear_distance_bias

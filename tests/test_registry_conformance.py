@@ -121,7 +121,8 @@ def test_cached_decoding_equals_the_full_pass(name):
 def test_gradcheck_float64(name):
     spec = get_encoding(name)
     q, k, v = (
-        t.requires_grad_() for t in torch.randn(3, 1, 2, 5, 4, generator=gen(7), dtype=torch.float64)
+        t.requires_grad_()
+        for t in torch.randn(3, 1, 2, 5, 4, generator=gen(7), dtype=torch.float64)
     )
     params = example_params(name, heads=2)
     tensors = {key: p for key, p in params.items() if torch.is_tensor(p)}

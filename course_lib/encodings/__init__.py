@@ -22,7 +22,6 @@ from course_lib.registry import REGISTRY, Encoding, get_encoding, register
 __all__ = ["REGISTRY", "Encoding", "get_encoding", "register"]
 
 
-
 def _import_encoding_modules() -> None:
     """Import every module of this package (each registers its encoding) and re-export the
     names of its ``__all__``."""

@@ -48,7 +48,7 @@ def alibi_bias(
     return linear_distance_bias(query_positions, key_positions, params["slopes"])
 
 
-def check_alibi_params(params: dict, *, heads: int, head_dim: int, device, causal: bool) -> None:
+def check_alibi_params(params: dict, *, heads: int, head_dim: int, device, **call) -> None:
     """``slopes``: None (the paper's, for ``heads``) or a finite ``[heads]`` tensor of slopes >= 0."""
     slopes = params["slopes"]
     if slopes is None:
@@ -60,7 +60,9 @@ def check_alibi_params(params: dict, *, heads: int, head_dim: int, device, causa
             f"{getattr(slopes, 'dtype', type(slopes).__name__)}"
         )
     if tuple(slopes.shape) != (heads,):
-        raise ValueError(f"ALiBi slopes must have shape [heads] = [{heads}], got {tuple(slopes.shape)}")
+        raise ValueError(
+            f"ALiBi slopes must have shape [heads] = [{heads}], got {tuple(slopes.shape)}"
+        )
     if slopes.device != device:
         raise ValueError(f"ALiBi slopes are on {slopes.device} but q is on {device}")
     if not bool(torch.isfinite(slopes.detach()).all()):

@@ -2,6 +2,9 @@
 
 Pair ``t`` of the vector at position ``p`` is rotated by the angle ``p * base**(-2t/head_dim)``, so
 ``R(p_i) q . R(p_j) k = q . R(p_j - p_i) k``: the score depends on the offset only.
+
+Longer than trained (chapter 07): ``scaling`` changes the frequencies (and may scale q and k),
+in Hugging Face's ``rope_parameters`` convention, see :func:`rope_frequencies`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from course_lib.registry import Encoding, register
 
 __all__ = [
     "ROPE_STYLES",
+    "ROPE_SCALING_TYPES",
     "rope_inverse_frequencies",
+    "rope_frequencies",
+    "check_rope_scaling",
     "rope_angles",
     "apply_rope",
     "rope_half_permutation",
@@ -29,6 +35,25 @@ __all__ = [
 
 ROPE_STYLES = PAIR_LAYOUTS  # "interleaved" pairs (2t, 2t+1); "half" pairs (t, t + D/2)
 
+# rope_type -> the keys its scaling dict may hold besides "rope_type" (defaults; REQUIRED: none)
+_REQUIRED = object()
+_SCALING_KEYS: dict[str, dict[str, object]] = {
+    "linear": {"factor": _REQUIRED, "original_max_position_embeddings": None},
+    "ntk": {"factor": _REQUIRED, "original_max_position_embeddings": None},
+    "dynamic": {"factor": _REQUIRED, "original_max_position_embeddings": _REQUIRED},
+    "yarn": {
+        "factor": _REQUIRED,
+        "original_max_position_embeddings": _REQUIRED,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "attention_factor": None,
+        "mscale": None,
+        "mscale_all_dim": None,
+        "truncate": True,
+    },
+}
+ROPE_SCALING_TYPES: tuple[str, ...] = tuple(_SCALING_KEYS)
+
 
 def rope_inverse_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
     """``w_t = base**(-2t/head_dim)`` for pairs ``t = 0..head_dim/2-1`` (float32)."""
@@ -38,15 +63,151 @@ def rope_inverse_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tens
     )
 
 
-def rope_angles(position_ids: torch.Tensor, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """Rotation angles ``p * w_t`` in float32: ``[...] -> [..., head_dim/2]``."""
+def check_rope_scaling(scaling: dict | None) -> dict | None:
+    """Validate a scaling dict; return it with every default filled in (None stays None).
+
+    ``{"rope_type": "linear" | "ntk" | "dynamic" | "yarn", "factor": s >= 1, ...}``; dynamic and
+    yarn also need ``original_max_position_embeddings`` (the training length ``L``).
+    """
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise TypeError(f"RoPE scaling must be a dict or None, got {type(scaling).__name__}")
+    rope_type = scaling.get("rope_type")
+    if rope_type not in _SCALING_KEYS:
+        raise ValueError(
+            f"unknown RoPE scaling rope_type {rope_type!r}; valid: "
+            f"{', '.join(map(repr, ROPE_SCALING_TYPES))}"
+        )
+    allowed = _SCALING_KEYS[rope_type]
+    unknown = sorted(set(scaling) - set(allowed) - {"rope_type"})
+    if unknown:
+        raise ValueError(
+            f"RoPE scaling of rope_type {rope_type!r} takes no key(s) {', '.join(unknown)}; "
+            f"it takes: rope_type, {', '.join(allowed)}"
+        )
+    out = {"rope_type": rope_type}
+    for key, default in allowed.items():
+        value = scaling.get(key, default)
+        if value is _REQUIRED:
+            raise ValueError(f"RoPE scaling of rope_type {rope_type!r} needs {key!r}")
+        out[key] = value
+    factor = out["factor"]
+    if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
+        raise ValueError(
+            f"RoPE scaling factor must be a number >= 1 (how many times longer than trained), "
+            f"got {factor!r}"
+        )
+    length = out["original_max_position_embeddings"]
+    if length is not None and (not isinstance(length, int) or length < 1):
+        raise ValueError(
+            f"original_max_position_embeddings must be a positive integer, got {length!r}"
+        )
+    return out
+
+
+def _yarn_scale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's ``sqrt(1/t) = 0.1 * mscale * ln(s) + 1`` (1 for ``s <= 1``)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_frequencies(head_dim: int, base: float, c: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al. 2023): interpolate pairs that turn fewer than ``beta_slow`` times over
+    the training length ``L``, keep pairs that turn more than ``beta_fast`` times, ramp between."""
+    factor, length = float(c["factor"]), c["original_max_position_embeddings"]
+
+    def pair_turning(turns: float) -> float:
+        # the (fractional) pair index t whose wavelength fits `turns` times into L
+        return head_dim * math.log(length / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_turning(c["beta_fast"]), pair_turning(c["beta_slow"])
+    if c["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a step instead of a ramp
+    t = torch.arange(head_dim // 2, dtype=torch.float64)
+    interpolated_share = ((t - low) / (high - low)).clamp(0.0, 1.0)  # 0: keep, 1: divide by s
+    inv_freq = rope_inverse_frequencies(head_dim, base).to(torch.float64)
+    inv_freq = inv_freq * (1 - interpolated_share) + inv_freq / factor * interpolated_share
+    if c["attention_factor"] is not None:
+        attention_factor = float(c["attention_factor"])
+    elif c["mscale"] and c["mscale_all_dim"]:
+        attention_factor = _yarn_scale(factor, c["mscale"]) / _yarn_scale(
+            factor, c["mscale_all_dim"]
+        )
+    else:
+        attention_factor = _yarn_scale(factor)
+    return inv_freq.to(torch.float32), attention_factor
+
+
+def rope_frequencies(
+    head_dim: int,
+    *,
+    base: float = 10000.0,
+    scaling: dict | None = None,
+    seq_len: int | None = None,
+) -> tuple[torch.Tensor, float]:
+    """``(inv_freq [head_dim/2] float32, attention_factor)`` of RoPE, plain or scaled.
+
+    ``scaling`` (Hugging Face's ``rope_parameters`` convention, ``s`` = ``factor``,
+    ``L`` = ``original_max_position_embeddings``, ``w_t = base**(-2t/D)``):
+
+    * None: ``w_t``, factor 1.
+    * ``linear``, position interpolation (Chen et al. 2023): ``w_t / s`` (positions divided by s).
+    * ``ntk``, NTK-aware (bloc97 2023): the base becomes ``base * s**(D/(D-2))``: the fastest pair
+      is untouched, the slowest is divided by ``s``.
+    * ``dynamic``, dynamic NTK: the NTK base for the current length ``seq_len`` (``n``):
+      ``base * (s*n/L - (s-1))**(D/(D-2))`` once ``n > L``, plain RoPE up to ``L``.
+    * ``yarn`` (Peng et al. 2023): each pair ``t`` gets ``w_t`` (turns more than ``beta_fast``
+      times in ``L``), ``w_t / s`` (fewer than ``beta_slow``), a linear ramp between; and q, k are
+      scaled by ``attention_factor = 0.1 ln s + 1`` (so the logits by its square, ``1/t``).
+
+    Every scaling reduces to plain RoPE at ``s = 1`` (dynamic: up to ``L``; past it its effective
+    factor ``s*n/L - (s-1)`` grows with ``n`` whatever ``s``). The attention factor multiplies cos
+    and sin, i.e. both q and k.
+    """
+    check_even_dim(head_dim, "head_dim for RoPE")
+    c = check_rope_scaling(scaling)
+    if c is None:
+        return rope_inverse_frequencies(head_dim, base), 1.0
+    factor, rope_type = float(c["factor"]), c["rope_type"]
+    if rope_type == "linear":
+        return rope_inverse_frequencies(head_dim, base) / factor, 1.0
+    if rope_type == "ntk":
+        return rope_inverse_frequencies(head_dim, base * factor ** (head_dim / (head_dim - 2))), 1.0
+    if rope_type == "dynamic":
+        length = c["original_max_position_embeddings"]
+        if seq_len is None:
+            raise ValueError("dynamic RoPE scaling needs seq_len (the current sequence length)")
+        n = max(int(seq_len), length)
+        grown = (factor * n / length - (factor - 1)) ** (head_dim / (head_dim - 2))
+        return rope_inverse_frequencies(head_dim, base * grown), 1.0
+    return _yarn_frequencies(head_dim, base, c)
+
+
+def rope_angles(
+    position_ids: torch.Tensor,
+    head_dim: int,
+    base: float = 10000.0,
+    *,
+    scaling: dict | None = None,
+    seq_len: int | None = None,
+) -> torch.Tensor:
+    """Rotation angles ``p * w_t`` in float32: ``[...] -> [..., head_dim/2]``.
+
+    With ``scaling``, ``w_t`` comes from :func:`rope_frequencies` (its attention factor is not
+    part of the angles: see :func:`apply_rope`).
+    """
     if position_ids.is_floating_point() or position_ids.dtype == torch.bool:
         raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
-    inv_freq = rope_inverse_frequencies(head_dim, base).to(position_ids.device)
-    return position_ids.to(torch.float32).unsqueeze(-1) * inv_freq
+    inv_freq, _ = rope_frequencies(head_dim, base=base, scaling=scaling, seq_len=seq_len)
+    return position_ids.to(torch.float32).unsqueeze(-1) * inv_freq.to(position_ids.device)
 
 
-def _angles_for(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
+def _angles_for(
+    x: torch.Tensor, position_ids: torch.Tensor, base: float, scaling: dict | None, seq_len
+) -> torch.Tensor:
     """Angles broadcastable against ``x[..., seq, head_dim/2]``.
 
     ``position_ids`` ``[seq]`` gives ``[seq, D/2]``; ``[batch, seq]`` with a 4-D ``x``
@@ -59,7 +220,7 @@ def _angles_for(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> tor
         )
     if position_ids.device != x.device:
         raise ValueError(f"position_ids are on {position_ids.device} but x is on {x.device}")
-    angles = rope_angles(position_ids, head_dim, base)
+    angles = rope_angles(position_ids, head_dim, base, scaling=scaling, seq_len=seq_len)
     if position_ids.dim() == 2 and x.dim() == 4:
         angles = angles.unsqueeze(1)
     return angles
@@ -88,20 +249,30 @@ def apply_rope(
     *,
     base: float = 10000.0,
     style: str = "interleaved",
+    scaling: dict | None = None,
+    seq_len: int | None = None,
 ) -> torch.Tensor:
     """Rotary position embedding of ``x`` ``[..., seq, head_dim]``; returns a tensor like ``x``.
 
     Pair ``t`` of the vector at position ``p`` is rotated by the angle ``p * base**(-2t/head_dim)``.
     ``style="interleaved"`` pairs channels ``(2t, 2t+1)`` (RoFormer, GPT-J);
     ``style="half"`` pairs ``(t, t + head_dim/2)`` (GPT-NeoX, Llama's ``rotate_half``).
+    ``scaling``: see :func:`rope_frequencies`; its attention factor multiplies the result.
+    ``seq_len`` (dynamic scaling only) defaults to ``max(position_ids) + 1``.
     Angles are float32 whatever the dtype of ``x``; the rotation runs in float32 (float64 for
     float64 inputs) and the result is cast back.
     """
     check_choice("RoPE style", style, ROPE_STYLES)
     check_even_dim(x.shape[-1], "head_dim for RoPE")
-    angles = _angles_for(x, position_ids, base)
+    scaling = check_rope_scaling(scaling)
+    if seq_len is None and scaling is not None and scaling["rope_type"] == "dynamic":
+        seq_len = int(position_ids.max()) + 1
+    angles = _angles_for(x, position_ids, base, scaling, seq_len)
+    _, attention_factor = rope_frequencies(x.shape[-1], base=base, scaling=scaling, seq_len=seq_len)
     dt = compute_dtype(x)
     cos, sin = angles.cos().to(dt), angles.sin().to(dt)
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
     return _rotate_pairs(x.to(dt), cos, sin, style).to(x.dtype)
 
 
@@ -118,38 +289,66 @@ def rope_half_permutation(head_dim: int) -> torch.Tensor:
 # -- hooks of the registry record ----------------------------------------------------------------
 def rope_transform(x: torch.Tensor, positions: torch.Tensor, params: dict) -> torch.Tensor:
     """rotates channel pair t by the angle p * base^(-2t/D)"""
-    return apply_rope(x, positions, base=params["base"], style=params["style"])
+    return apply_rope(
+        x, positions, base=params["base"], style=params["style"],
+        scaling=params.get("scaling"), seq_len=params.get("seq_len"),
+    )  # fmt: skip
 
 
 def rope_kernel_tables(positions: torch.Tensor, head_dim: int, params: dict) -> QKTables:
-    """The kernels' tables of :func:`rope_transform`: fp32 cos/sin ``[1|batch, seq, D/2]``."""
-    angles = rope_angles(positions, head_dim, params["base"])
-    return QKTables(angles.cos(), angles.sin(), None, params["style"])
+    """The kernels' tables of :func:`rope_transform`: fp32 cos/sin ``[1|batch, seq, D/2]``
+    (times the scaling's attention factor)."""
+    scaling, seq_len = params.get("scaling"), params.get("seq_len")
+    angles = rope_angles(positions, head_dim, params["base"], scaling=scaling, seq_len=seq_len)
+    _, factor = rope_frequencies(head_dim, base=params["base"], scaling=scaling, seq_len=seq_len)
+    return QKTables(angles.cos() * factor, angles.sin() * factor, None, params["style"])
 
 
-def check_rope_params(params: dict, *, heads: int, head_dim: int, device, causal: bool) -> None:
-    """``style`` in :data:`ROPE_STYLES`, ``base`` > 0, an even head_dim."""
+def check_rope_params(
+    params: dict, *, heads: int, head_dim: int, device, causal: bool, positions=None
+) -> None:
+    """``style`` in :data:`ROPE_STYLES`, ``base`` > 0, an even head_dim, a valid ``scaling``
+    (dynamic scaling: ``seq_len`` defaults to ``max(positions) + 1``, the same for q and k)."""
     check_choice("RoPE style", params["style"], ROPE_STYLES)
     base = params["base"]
     if not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
         raise ValueError(f"RoPE base must be a positive finite number, got {base!r}")
     if head_dim % 2:
         raise ValueError(f"RoPE rotates channel pairs: head_dim must be even, got {head_dim}")
+    if "scaling" in params:
+        params["scaling"] = check_rope_scaling(params["scaling"])
+        dynamic = params["scaling"] is not None and params["scaling"]["rope_type"] == "dynamic"
+        if dynamic and params["seq_len"] is None and positions is not None:
+            params["seq_len"] = int(positions.max()) + 1
 
 
 class RoPEAttention(PositionalSelfAttention):
-    """Rotary encoding of q and k (interleaved pairs, base 10000); no parameters."""
+    """Rotary encoding of q and k (interleaved pairs, base 10000); no parameters.
+
+    ``scaling`` (a :func:`rope_frequencies` dict or None) may be set at construction or later
+    (``module.scaling = {...}``, e.g. to evaluate a trained model at a longer length).
+    """
 
     encoding = "rope"
 
     def __init__(
-        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+        self,
+        hidden_size,
+        num_heads,
+        max_position_embeddings=512,
+        dropout=0.0,
+        backend="reference",
+        scaling: dict | None = None,
     ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
         if self.head_dim % 2:
             raise ValueError(
                 f"{type(self).__name__} rotates channel pairs: head_dim must be even, got {self.head_dim}"
             )
+        self.scaling = check_rope_scaling(scaling)
+
+    def attention_params(self, hidden_states: torch.Tensor) -> dict:
+        return {} if self.scaling is None else {"scaling": self.scaling}
 
 
 register(
@@ -160,7 +359,7 @@ register(
         module=RoPEAttention,
         color="#2ca02c",
         qk_transform=rope_transform,
-        params={"base": 10000.0, "style": "interleaved"},
+        params={"base": 10000.0, "style": "interleaved", "scaling": None, "seq_len": None},
         check_params=check_rope_params,
         kernel_tables=rope_kernel_tables,
         relative=True,

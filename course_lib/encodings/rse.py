@@ -31,9 +31,9 @@ def rse_penalty(
     return linear_distance_bias(query_positions, key_positions, params["distance_penalty"])
 
 
-def check_rse_params(params: dict, *, heads: int, head_dim: int, device, causal: bool) -> None:
+def check_rse_params(params: dict, *, heads: int, head_dim: int, device, **call) -> None:
     """RoPE's checks, and ``distance_penalty``: a finite ``[heads]`` tensor of lambda >= 0."""
-    check_rope_params(params, heads=heads, head_dim=head_dim, device=device, causal=causal)
+    check_rope_params(params, heads=heads, head_dim=head_dim, device=device, **call)
     check_distance_penalty(params["distance_penalty"], heads, device)
 
 
@@ -58,7 +58,10 @@ class RSEAttention(RoPEAttention):
         return F.softplus(self.distance_penalty_raw)
 
     def attention_params(self, hidden_states: torch.Tensor) -> dict:
-        return {"distance_penalty": self.distance_penalty}
+        return {
+            **super().attention_params(hidden_states),
+            "distance_penalty": self.distance_penalty,
+        }
 
 
 register(
@@ -71,7 +74,13 @@ register(
         qk_transform=rope_transform,
         score_bias=rse_penalty,
         normaliser="stick_breaking",
-        params={"base": 10000.0, "style": "interleaved", "distance_penalty": REQUIRED},
+        params={
+            "base": 10000.0,
+            "style": "interleaved",
+            "scaling": None,
+            "seq_len": None,
+            "distance_penalty": REQUIRED,
+        },
         check_params=check_rse_params,
         kernel_tables=rope_kernel_tables,
         kernel_bias=lambda params: ScoreBias("linear_distance", params["distance_penalty"]),
