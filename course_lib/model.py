@@ -40,6 +40,8 @@ class BertConfig:
     intermediate_size: int | None = None  # default 4 * hidden_size
     max_position_embeddings: int = 512
     encoding: str = "rope"
+    # extra keyword arguments of the encoding's attention module, e.g. {"scaling": {...}} for RoPE
+    encoding_options: dict | None = None
     objective: str = "mlm"
     dropout: float = 0.0
     backend: str = "reference"
@@ -72,6 +74,7 @@ class TransformerLayer(nn.Module):
             max_position_embeddings=config.max_position_embeddings,
             dropout=config.dropout,
             backend=config.backend,
+            **(config.encoding_options or {}),
         )
         self.feed_forward_norm = nn.LayerNorm(config.hidden_size)
         self.feed_forward = nn.Sequential(
