@@ -74,9 +74,15 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
     if key_padding_mask is not None:
         check_key_padding_mask(key_padding_mask, batch, seq_k, q.device)
     if encoding is not None and encoding.uses_positions:
-        if position_ids is None:
+        dims = encoding.position_dims
+        if position_ids is None and dims == 1:
             position_ids = default_position_ids(seq_k, q.device)
-        position_ids = check_position_ids(position_ids, batch, seq_k, q.device)
+        elif position_ids is None:
+            raise ValueError(
+                f"method={method!r} needs position_ids [seq, {dims}] or [batch, seq, {dims}]: "
+                f"{dims} coordinates per token (e.g. the row and column of an image patch)"
+            )
+        position_ids = check_position_ids(position_ids, batch, seq_k, q.device, dims)
     elif position_ids is not None:
         raise ValueError(
             f"method={method!r} uses no position ids (absolute and learned encodings add theirs to "
@@ -112,7 +118,7 @@ def _weights(q, k, encoding, causal, key_padding_mask, key_pos, params):
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k = q.to(dt), k.to(dt)  # [B, H, Nq, D], [B, H, Nk, D]
     seq_q, seq_k = q.shape[2], k.shape[2]
-    query_pos = None if key_pos is None else key_pos[:, seq_k - seq_q :]  # [1|B, Nq]
+    query_pos = None if key_pos is None else key_pos[:, seq_k - seq_q :]  # [1|B, Nq(, 2)]
     # 2. per-token transform: q'_i = T(p_i) q_i, k'_j = T(p_j) k_j
     if encoding is not None and encoding.qk_transform is not None:
         q = encoding.qk_transform(q, query_pos, params)
@@ -195,8 +201,11 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
             raise ValueError(
                 f"backend='triton' has no kernel for method={method!r}: {encoding.kernel_support}"
             )
-        if encoding.qk_transform is not None:
+        if encoding.kernel_tables is not None:
             tables = encoding.kernel_tables(key_pos, q.shape[-1], params)
+        elif encoding.qk_transform is not None:  # a dense transform: PyTorch, then the kernel
+            q = encoding.qk_transform(q, key_pos, params)  # seq_q == seq_k here
+            k = encoding.qk_transform(k, key_pos, params)
         if encoding.score_bias is not None:
             bias = encoding.kernel_bias(params)
         normaliser = encoding.normaliser
@@ -208,7 +217,7 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
         q, k, v,
         causal=causal,
         key_padding_mask=key_padding_mask,
-        position_ids=key_pos,
+        position_ids=key_pos if bias is not None else None,  # the tables carry the positions
         scale=params["scale"],
         qk_tables=tables,
         score_bias=bias,

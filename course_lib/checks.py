@@ -79,9 +79,14 @@ def default_position_ids(seq: int, device: torch.device | str | None = None) -> 
 
 
 def check_position_ids(
-    position_ids: torch.Tensor, batch: int, seq: int, device: torch.device
+    position_ids: torch.Tensor, batch: int, seq: int, device: torch.device, dims: int = 1
 ) -> torch.Tensor:
-    """Integer ``[seq]`` or ``[batch, seq]`` on ``device``; returned as ``[1 or batch, seq]``."""
+    """Integer positions on ``device``, one per token, returned with a leading batch axis.
+
+    ``dims=1``: ``[seq]`` or ``[batch, seq]`` -> ``[1 or batch, seq]``.
+    ``dims=2`` (e.g. the (row, column) of image patches): ``[seq, 2]`` or ``[batch, seq, 2]`` ->
+    ``[1 or batch, seq, 2]``.
+    """
     if not isinstance(position_ids, torch.Tensor):
         raise TypeError(f"position_ids must be a torch.Tensor, got {type(position_ids).__name__}")
     if (
@@ -94,18 +99,21 @@ def check_position_ids(
         raise ValueError(
             f"position_ids are on {position_ids.device} but the inputs are on {device}"
         )
-    if position_ids.dim() == 1 and position_ids.shape[0] == seq:
+    per_token = () if dims == 1 else (dims,)
+    shape = tuple(position_ids.shape)
+    if shape == (seq, *per_token):
         return position_ids.unsqueeze(0)
     if (
-        position_ids.dim() == 2
-        and position_ids.shape[1] == seq
-        and position_ids.shape[0] in (1, batch)
+        len(shape) == 2 + len(per_token)
+        and shape[1:] == (seq, *per_token)
+        and shape[0] in (1, batch)
     ):
         return position_ids
-    raise ValueError(
-        f"position_ids must have shape [{seq}] or [{batch}, {seq}] (one position per key), "
-        f"got {tuple(position_ids.shape)}"
-    )
+    if dims == 1:
+        want = f"[{seq}] or [{batch}, {seq}] (one position per key)"
+    else:
+        want = f"[{seq}, {dims}] or [{batch}, {seq}, {dims}] ({dims} coordinates per token)"
+    raise ValueError(f"position_ids must have shape {want}, got {shape}")
 
 
 def check_key_padding_mask(

@@ -36,7 +36,8 @@ class KVCache:
 
     Keys are stored *before* any rotation, with their positions: attention re-encodes them, so a
     new token can never be rotated with the wrong position.
-    ``k, v``: ``[batch, heads, length, head_dim]``; ``positions``: ``[batch, length]``;
+    ``k, v``: ``[batch, heads, length, head_dim]``; ``positions``: ``[batch, length]`` (or
+    ``[batch, length, 2]`` for two coordinates per token);
     ``mask``: ``[batch, length]`` bool or None.
     """
 
@@ -52,7 +53,7 @@ class KVCache:
     def append(self, k, v, positions, mask):
         """Add ``seq`` new keys/values; return everything cached (old then new)."""
         batch, seq = k.shape[0], k.shape[2]
-        positions = positions.expand(batch, seq)
+        positions = positions.expand(batch, seq, *positions.shape[2:])
         if mask is None and (self.mask is not None):
             mask = torch.ones(batch, seq, dtype=torch.bool, device=k.device)
         if mask is not None and self.k is not None and self.mask is None:
@@ -148,10 +149,18 @@ class PositionalSelfAttention(nn.Module):
                 f"got {tuple(hidden_states.shape)}"
             )
         batch, seq, _ = hidden_states.shape
+        spec = self.spec
         past = 0 if cache is None else cache.length
+        if position_ids is None and spec.position_dims != 1:
+            raise ValueError(
+                f"the {self.encoding!r} encoding needs position_ids [seq, {spec.position_dims}] or "
+                f"[batch, seq, {spec.position_dims}]: {spec.position_dims} coordinates per token"
+            )
         if position_ids is None:
             position_ids = torch.arange(past, past + seq, device=hidden_states.device)
-        position_ids = check_position_ids(position_ids, batch, seq, hidden_states.device)
+        position_ids = check_position_ids(
+            position_ids, batch, seq, hidden_states.device, spec.position_dims
+        )
         if attention_mask is not None:
             check_key_padding_mask(attention_mask, batch, seq, hidden_states.device)
         h_qk, h_v = self.add_positions(hidden_states, position_ids)
@@ -161,7 +170,6 @@ class PositionalSelfAttention(nn.Module):
         key_positions, key_mask = position_ids, attention_mask
         if cache is not None:
             k, v, key_positions, key_mask = cache.append(k, v, position_ids, attention_mask)
-        spec = self.spec
         # The fused kernels take seq_q == seq_k: a decoding step (new queries against the cache)
         # runs the reference code of the same function.
         backend = self.backend if q.shape[2] == k.shape[2] else "reference"

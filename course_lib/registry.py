@@ -70,15 +70,19 @@ class Encoding:
     (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal, positions)``
     validates them, and may fill in a default that depends on the call (e.g. one value per head).
 
-    Kernel hooks: ``kernel_tables(positions, head_dim, params) -> QKTables`` (when
-    ``qk_transform`` is set) and ``kernel_bias(params) -> ScoreBias`` (when ``score_bias`` is
-    set); see :mod:`course_lib.kernel_hooks`. An encoding whose attention part has no kernel hook
-    sets ``kernel_support`` to a sentence saying why, and the Triton backend refuses it with that
-    sentence.
+    Kernel hooks: ``kernel_tables(positions, head_dim, params) -> QKTables`` (an elementwise
+    pairwise transform the kernels fuse into their tile loads) and ``kernel_bias(params) ->
+    ScoreBias`` (required when ``score_bias`` is set); see :mod:`course_lib.kernel_hooks`. A
+    ``qk_transform`` without ``kernel_tables`` (a dense rotation per token, LieRE) is applied to q
+    and k by PyTorch before the plain kernel, with autograd through it. An encoding whose
+    attention part has no kernel sets ``kernel_support`` to a sentence saying why, and the Triton
+    backend refuses it with that sentence.
 
     Claims, checked for every record by the conformance tests: ``relative`` (the scores depend on
     positions only through ``p_i - p_j``: shifting every position changes nothing),
     ``causal_only`` (no bidirectional form), ``learnable`` (it has trainable parameters).
+    ``position_dims``: coordinates per token, 1 (a sequence: ``position_ids`` ``[seq]``) or 2 (an
+    image: ``[seq, 2]``, the (row, column) of each patch; there is no default).
     """
 
     name: str
@@ -98,6 +102,7 @@ class Encoding:
     relative: bool = False
     causal_only: bool = False
     learnable: bool = False
+    position_dims: int = 1
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -106,10 +111,10 @@ class Encoding:
             raise ValueError(
                 f"{self.name}: normaliser must be one of {NORMALISER_NAMES}, got {self.normaliser!r}"
             )
+        if self.position_dims not in (1, 2):
+            raise ValueError(f"{self.name}: position_dims must be 1 or 2, got {self.position_dims}")
         if self.name == "softmax":
             raise ValueError("'softmax' names the plain attention method; pick another name")
-        if self.qk_transform is not None and self.kernel_tables is None and not self.kernel_support:
-            raise ValueError(f"{self.name}: qk_transform needs kernel_tables (or kernel_support)")
         if self.score_bias is not None and self.kernel_bias is None and not self.kernel_support:
             raise ValueError(f"{self.name}: score_bias needs kernel_bias (or kernel_support)")
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))

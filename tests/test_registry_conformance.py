@@ -55,8 +55,24 @@ def example_params(name, heads, dtype=torch.float64, seed=0):
     }
 
 
+def positions(name, seq, offset=0):
+    """Positions of ``seq`` tokens: ``arange(seq) + offset``, or for two coordinates per token
+    the (row, column) of a grid 4 columns wide, both shifted by ``offset``."""
+    index = torch.arange(seq)
+    if get_encoding(name).position_dims == 1:
+        return index + offset
+    return torch.stack((index // 4, index % 4), dim=-1) + offset
+
+
 def positions_kw(name, seq, offset=0):
-    return {"position_ids": torch.arange(seq) + offset} if get_encoding(name).uses_positions else {}
+    used = get_encoding(name).uses_positions
+    return {"position_ids": positions(name, seq, offset)} if used else {}
+
+
+def module_positions_kw(name, seq, offset=0):
+    """What a module needs: positions are optional for sequences, required for 2-D tokens."""
+    needed = get_encoding(name).position_dims != 1 or offset
+    return {"position_ids": positions(name, seq, offset)} if needed else {}
 
 
 # -- the claims of each record -------------------------------------------------------------------
@@ -67,11 +83,10 @@ def test_permutation_behaviour(name):
     module = make_module(name)
     x = torch.randn(2, 10, 32, generator=gen(3), dtype=torch.float64)
     perm = torch.randperm(10, generator=gen(4))
-    causal = spec.causal_only
-    equivariant = torch.allclose(
-        module(x[:, perm], causal=causal), module(x, causal=causal)[:, perm], atol=1e-10
-    )
-    assert equivariant == (spec.inputs is None and not spec.acts_in_attention and not causal)
+    kw = {"causal": spec.causal_only, **module_positions_kw(name, 10)}
+    equivariant = torch.allclose(module(x[:, perm], **kw), module(x, **kw)[:, perm], atol=1e-10)
+    no_signal = spec.inputs is None and not spec.acts_in_attention
+    assert equivariant == (no_signal and not spec.causal_only)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -81,8 +96,8 @@ def test_shift_property_matches_the_claim(name):
     module = make_module(name)
     x = torch.randn(1, 8, 32, generator=gen(5), dtype=torch.float64)
     for causal in causal_modes(name):
-        base = module(x, causal=causal, position_ids=torch.arange(8))
-        shifted = module(x, causal=causal, position_ids=torch.arange(8) + 40)
+        base = module(x, causal=causal, position_ids=positions(name, 8))
+        shifted = module(x, causal=causal, position_ids=positions(name, 8, offset=40))
         assert torch.allclose(base, shifted, atol=1e-8) == spec.relative, (name, causal)
 
 
@@ -91,16 +106,19 @@ def test_padding_does_not_change_real_tokens(name):
     module = make_module(name)
     x = torch.randn(1, 6, 32, generator=gen(6), dtype=torch.float64)
     for causal in causal_modes(name):
-        ref = module(x, causal=causal)
+        ref = module(x, causal=causal, **module_positions_kw(name, 6))
         for extra in (2, 7):
             xp = torch.cat((x, torch.randn(1, extra, 32, dtype=torch.float64) * 10), 1)
             mask = torch.arange(6 + extra)[None] < 6
-            out = module(xp, attention_mask=mask, causal=causal)[:, :6]
+            kw = module_positions_kw(name, 6 + extra)
+            out = module(xp, attention_mask=mask, causal=causal, **kw)[:, :6]
             torch.testing.assert_close(out, ref)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_cached_decoding_equals_the_full_pass(name):
+    if get_encoding(name).position_dims != 1:
+        pytest.skip("decoding is for sequences; this encoding places tokens in 2-D")
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=40, hidden_size=32, num_layers=2, num_heads=4, encoding=name,
@@ -150,8 +168,8 @@ def test_clear_errors_for_bad_input(name):
     with pytest.raises(ValueError, match="4-D"):
         attention(q[0], k[0], v[0], method=method, **params)
     if spec.uses_positions:
-        with pytest.raises(ValueError, match=r"shape \[6\] or \[2, 6\]"):
-            attention(q, k, v, method=method, position_ids=torch.arange(5), **params)
+        with pytest.raises(ValueError, match="position_ids must have shape"):
+            attention(q, k, v, method=method, position_ids=positions(name, 5), **params)
     else:
         with pytest.raises(ValueError, match="uses no position ids"):
             attention(q, k, v, method=method, position_ids=torch.arange(6), **params)
@@ -185,7 +203,8 @@ def test_triton_agrees_with_reference_forward_and_backward(name):
         results = []
         for module in (reference, fused):
             xi = x.clone().requires_grad_()
-            out = module(xi, attention_mask=mask, causal=causal, position_ids=torch.arange(21) + 3)
+            kw = {"position_ids": positions(name, 21, offset=3)}
+            out = module(xi, attention_mask=mask, causal=causal, **kw)
             grads = torch.autograd.grad((out * upstream).sum(), [xi, *module.parameters()])
             results.append((out, grads))
         (out_ref, grads_ref), (out_tri, grads_tri) = results
@@ -197,6 +216,8 @@ def test_triton_agrees_with_reference_forward_and_backward(name):
 @needs_kernels
 @pytest.mark.parametrize("name", NAMES)
 def test_generate_with_triton_matches_reference(name):
+    if get_encoding(name).position_dims != 1:
+        pytest.skip("generation is for sequences; this encoding places tokens in 2-D")
     """A causal model with backend="triton" decodes like the reference one (the prompt runs the
     kernel; each cached step, seq_q < seq_k, runs the reference code of the same function)."""
     config = dict(
