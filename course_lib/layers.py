@@ -18,7 +18,7 @@ Dropout is applied to the attention output (fused kernels have no dropout on the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -38,13 +38,16 @@ class KVCache:
     new token can never be rotated with the wrong position.
     ``k, v``: ``[batch, heads, length, head_dim]``; ``positions``: ``[batch, length]`` (or
     ``[batch, length, 2]`` for two coordinates per token);
-    ``mask``: ``[batch, length]`` bool or None.
+    ``mask``: ``[batch, length]`` bool or None. ``per_key``: the encoding's per-key tensors
+    (its record's ``per_key_params``, e.g. FoX's log forget gates ``[batch, heads, length]``; the
+    key axis is the last one).
     """
 
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    per_key: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -67,6 +70,18 @@ class KVCache:
             if mask is not None:
                 self.mask = torch.cat((self.mask, mask), dim=1)
         return self.k, self.v, self.positions, self.mask
+
+    def append_per_key(self, name: str, values: torch.Tensor) -> torch.Tensor:
+        """Add the new keys' ``values`` ``[..., seq]`` of a per-key tensor (call after
+        :meth:`append`); return it for every cached key ``[..., length]``."""
+        old = self.per_key.get(name)
+        self.per_key[name] = values if old is None else torch.cat((old, values), dim=-1)
+        if self.per_key[name].shape[-1] != self.length:
+            raise ValueError(
+                f"per-key tensor {name!r} covers {self.per_key[name].shape[-1]} keys, the cache "
+                f"{self.length}"
+            )
+        return self.per_key[name]
 
 
 class PositionalSelfAttention(nn.Module):
@@ -126,7 +141,8 @@ class PositionalSelfAttention(nn.Module):
 
     def attention_params(self, hidden_states: torch.Tensor) -> dict:
         """Keyword parameters for :func:`course_lib.attention.attention` (the module's own
-        parameters, or terms computed from ``hidden_states`` ``[batch, seq, hidden]``)."""
+        parameters, or terms computed from ``hidden_states`` ``[batch, seq, hidden]``; those its
+        record lists in ``per_key_params`` cover this call's tokens and are cached per key)."""
         return {}
 
     # -- forward -------------------------------------------------------------------------------
@@ -168,8 +184,11 @@ class PositionalSelfAttention(nn.Module):
         k = self._split_heads(self.key(h_qk))
         v = self._split_heads(self.value(h_v))
         key_positions, key_mask = position_ids, attention_mask
+        params = self.attention_params(hidden_states)
         if cache is not None:
             k, v, key_positions, key_mask = cache.append(k, v, position_ids, attention_mask)
+            for name in spec.per_key_params:
+                params[name] = cache.append_per_key(name, params[name])
         # The fused kernels take seq_q == seq_k: a decoding step (new queries against the cache)
         # runs the reference code of the same function.
         backend = self.backend if q.shape[2] == k.shape[2] else "reference"
@@ -180,7 +199,7 @@ class PositionalSelfAttention(nn.Module):
             key_padding_mask=key_mask,
             position_ids=key_positions if spec.uses_positions else None,
             backend=backend,
-            **self.attention_params(hidden_states),
+            **params,
         )  # fmt: skip
         context = context.transpose(1, 2).reshape(batch, seq, self.hidden_size)
         return self.dropout(self.out(context))

@@ -69,6 +69,8 @@ class Encoding:
     ``params``: the keyword parameters ``attention(method=name, ...)`` takes, with defaults
     (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal, positions)``
     validates them, and may fill in a default that depends on the call (e.g. one value per head).
+    ``per_key_params``: those that hold one value per key on their last axis (a term the module
+    computes from each token, e.g. FoX's forget gates): a key/value cache keeps them with the keys.
 
     Kernel hooks: ``kernel_tables(positions, head_dim, params) -> QKTables`` (an elementwise
     pairwise transform the kernels fuse into their tile loads) and ``kernel_bias(params) ->
@@ -95,6 +97,7 @@ class Encoding:
     score_bias: Callable | None = None
     normaliser: str = "softmax"
     params: Mapping[str, object] = field(default_factory=dict)
+    per_key_params: tuple[str, ...] = ()
     check_params: Callable | None = None
     kernel_tables: Callable | None = None
     kernel_bias: Callable | None = None
