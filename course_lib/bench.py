@@ -7,11 +7,13 @@
 For every size (``batch = tokens // seq`` sequences of ``heads = hidden // head_dim`` heads, so
 each size holds the same number of tokens) it times the forward pass and forward + backward of:
 
-* our fused flash kernel with position mode none / rope / exposb (``course_lib.flash_ops``),
-* our fused stick-breaking kernel (``course_lib.stick_ops``; "missing" if it cannot be imported),
-* the from-scratch PyTorch reference ``course_lib.attention.attention(backend="reference")``
-  (softmax / rope / exposb; it materialises ``seq x seq`` matrices, so large sizes run out of
-  memory: such sizes are skipped up front or recorded as "OOM"),
+* our fused kernels for plain softmax attention and for every encoding of the registry
+  (``course_lib.encodings.REGISTRY``) that acts inside attention: ``flash_attention`` or
+  ``stick_breaking_attention`` (by the record's normaliser) with the q/k tables and score bias
+  its kernel hooks build, once per size, outside the timed call ("kernel <name>"),
+* the from-scratch PyTorch reference ``course_lib.attention.attention(backend="reference")`` of
+  the same methods ("reference <name>"; it materialises ``seq x seq`` matrices, so large sizes
+  run out of memory: such sizes are skipped up front or recorded as "OOM"),
 * ``torch.nn.functional.scaled_dot_product_attention`` (SDPA, the baseline of the ratios),
 * "RoPE + SDPA": ``course_lib.encodings.apply_rope`` on q and k, then SDPA,
 * "exposb + FlexAttention": ``apply_exposb`` on q and k, then ``flex_attention`` with the exposb
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["main", "attention_flops", "run_benchmark", "exposb_score_mod"]
+__all__ = ["main", "attention_flops", "build_methods", "run_benchmark", "exposb_score_mod"]
 
 DEFAULT_SEQS = (256, 1024, 4096, 8192)
 QUICK_SEQS = (256, 1024)
@@ -45,6 +47,8 @@ DEFAULT_HEAD_DIMS = (64, 128)
 BASELINE = "SDPA"
 PASSES = ("fwd", "fwd+bwd")
 DTYPE = torch.bfloat16
+# Values of learned per-head parameters a record declares required (e.g. RSE's penalty).
+PER_HEAD_PARAMS: dict[str, float] = {"distance_penalty": 0.01, "slopes": 0.0625}
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -95,31 +99,103 @@ def _compiled_flex_attention(flex_attention):
     return _COMPILED_FLEX[0]
 
 
-def build_methods(causal: bool, seq: int, device: torch.device) -> dict[str, Attention | str]:
+def _required_params(encoding, heads: int, device: torch.device) -> dict | str:
+    """Benchmark values for the parameters a record declares required (learned per-head
+    tensors: a constant ``[heads]``), or a status string naming one it cannot fill."""
+    from course_lib.registry import REQUIRED
+
+    values = {}
+    for name, default in encoding.params.items():
+        if default is not REQUIRED:
+            continue
+        if name in PER_HEAD_PARAMS:
+            values[name] = torch.full((heads,), PER_HEAD_PARAMS[name], device=device)
+        else:
+            return f"n/a (needs parameter {name!r})"
+    return values
+
+
+def kernel_call(encoding, causal: bool, seq: int, heads: int, head_dim: int, device) -> Attention:
+    """The fused kernel of ``encoding`` (None: plain softmax attention), its tables and score
+    bias built once from the record's kernel hooks, so only the kernel is timed."""
+    from course_lib.flash_ops import flash_attention
+    from course_lib.stick_ops import stick_breaking_attention
+
+    if encoding is None:
+        return lambda q, k, v: flash_attention(q, k, v, causal=causal)
+    if encoding.kernel_support:
+        raise ValueError(encoding.kernel_support)
+    params = _required_params(encoding, heads, device)
+    if isinstance(params, str):
+        raise ValueError(params)
+    params = {**encoding.params, **params}
+    positions = torch.arange(seq, device=device)[None]
+    if encoding.check_params is not None:  # fills derived defaults, as attention() does
+        encoding.check_params(
+            params, heads=heads, head_dim=head_dim, device=device, causal=causal,
+            positions=positions,
+        )  # fmt: skip
+    tables = bias = None
+    if encoding.qk_transform is not None:
+        tables = encoding.kernel_tables(positions, head_dim, params)
+    if encoding.score_bias is not None:
+        bias = encoding.kernel_bias(params)
+    fused = stick_breaking_attention if encoding.normaliser == "stick_breaking" else flash_attention
+    return lambda q, k, v: fused(q, k, v, causal=causal, qk_tables=tables, score_bias=bias)
+
+
+def reference_call(encoding, causal: bool, heads: int, device) -> Attention:
+    """``attention(method=..., backend="reference")`` of the same method and parameters."""
+    from course_lib.attention import attention
+
+    method = "softmax" if encoding is None else encoding.method
+    params = {} if encoding is None else _required_params(encoding, heads, device)
+    if isinstance(params, str):
+        raise ValueError(params)
+    return lambda q, k, v: attention(
+        q, k, v, method=method, causal=causal, backend="reference", **params
+    )
+
+
+def kernel_encodings() -> dict[str, object]:
+    """``name -> record`` of every registered encoding that acts inside attention (None for
+    plain softmax attention); input-side encodings (absolute, learned) use the plain kernel."""
+    from course_lib.encodings import REGISTRY
+
+    chosen: dict[str, object] = {"softmax": None}
+    for name, encoding in REGISTRY.items():
+        if encoding.acts_in_attention:
+            chosen[name] = encoding
+    return chosen
+
+
+def build_methods(
+    causal: bool, seq: int, device: torch.device, heads: int = 1, head_dim: int = 64
+) -> dict[str, Attention | str]:
     """Name -> callable ``(q, k, v) -> out``, or a status string where it cannot run here."""
     import torch.nn.functional as F
 
-    from course_lib.attention import attention
-    from course_lib.encodings import apply_exposb, apply_rope
-    from course_lib.flash_ops import flash_attention
-
-    positions = torch.arange(seq, device=device)
     methods: dict[str, Attention | str] = {}
-    for mode in ("none", "rope", "exposb"):
-        methods[f"flash {mode}"] = lambda q, k, v, mode=mode: flash_attention(
-            q, k, v, position_mode=mode, causal=causal
-        )
-    try:
-        from course_lib.stick_ops import stick_breaking_attention
-
-        methods["stick-breaking"] = lambda q, k, v: stick_breaking_attention(q, k, v, causal=causal)
-    except Exception:  # noqa: BLE001 - written by another part of the course; may be absent
-        methods["stick-breaking"] = "missing"
-    for method in ("softmax", "rope", "exposb"):
-        methods[f"reference {method}"] = lambda q, k, v, method=method: attention(
-            q, k, v, method=method, causal=causal, backend="reference"
-        )
+    encodings = kernel_encodings()
+    for prefix, build in (
+        ("kernel", lambda enc: kernel_call(enc, causal, seq, heads, head_dim, device)),
+        ("reference", lambda enc: reference_call(enc, causal, heads, device)),
+    ):
+        for name, encoding in encodings.items():
+            if encoding is not None and encoding.causal_only and not causal:
+                methods[f"{prefix} {name}"] = "n/a (causal only)"
+                continue
+            try:
+                methods[f"{prefix} {name}"] = build(encoding)
+            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                methods[f"{prefix} {name}"] = f"n/a ({type(exc).__name__}: {exc})"[:200]
     methods[BASELINE] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    positions = torch.arange(seq, device=device)
+    try:
+        from course_lib.encodings import apply_exposb, apply_rope
+    except ImportError:  # noqa: BLE001 - the PyTorch encodings moved; report, do not stop
+        methods["RoPE + SDPA"] = methods["exposb + FlexAttention"] = "n/a"
+        return methods
     methods["RoPE + SDPA"] = lambda q, k, v: F.scaled_dot_product_attention(
         apply_rope(q, positions), apply_rope(k, positions), v, is_causal=causal
     )
@@ -186,16 +262,22 @@ def measure(fn: Attention, q, k, v, grad_out, pass_: str) -> tuple[float, float]
 
 
 def agreement(methods: dict[str, Attention | str], q, k, v) -> dict[str, float | str]:
-    """Max error of each flash mode against the reference, relative to the reference's max."""
+    """Max error of each kernel against its reference, relative to the reference's max."""
     errors: dict[str, float | str] = {}
-    for mode, method in (("none", "softmax"), ("rope", "rope"), ("exposb", "exposb")):
+    for name, kernel in methods.items():
+        if not name.startswith("kernel "):
+            continue
+        reference = methods.get("reference " + name.removeprefix("kernel "))
+        if isinstance(kernel, str) or isinstance(reference, str) or reference is None:
+            errors[name] = "n/a"
+            continue
         try:
             with torch.no_grad():
-                got = methods[f"flash {mode}"](q, k, v).float()
-                want = methods[f"reference {method}"](q, k, v).float()
-            errors[f"flash {mode}"] = ((got - want).abs().max() / want.abs().max()).item()
+                got = kernel(q, k, v).float()
+                want = reference(q, k, v).float()
+            errors[name] = ((got - want).abs().max() / want.abs().max()).item()
         except Exception as exc:  # noqa: BLE001 - reported, the run goes on
-            errors[f"flash {mode}"] = f"error: {type(exc).__name__}: {exc}"[:200]
+            errors[name] = f"error: {type(exc).__name__}: {exc}"[:200]
     return errors
 
 
@@ -252,9 +334,10 @@ def run_benchmark(
                 q, k, v, grad_out = (
                     torch.randn(shape, device=device, dtype=DTYPE, generator=gen) for _ in range(4)
                 )
-                methods = build_methods(causal, seq, device)
+                methods = build_methods(causal, seq, device, heads, head_dim)
                 if seq == seqs[0]:
-                    errors = agreement(methods, q[:1, :2], k[:1, :2], v[:1, :2])
+                    small = build_methods(causal, seq, device, 2, head_dim)
+                    errors = agreement(small, q[:1, :2], k[:1, :2], v[:1, :2])
                     checks.append(
                         {"head_dim": head_dim, "causal": causal, "seq": seq, "errors": errors}
                     )
@@ -347,7 +430,7 @@ def plot(records: list[dict], path: Path) -> None:
                     and r["tflops"] is not None
                 )
                 if points:
-                    style = "-" if name.startswith("flash") or name == "stick-breaking" else "--"
+                    style = "-" if name.startswith("kernel") else "--"
                     ax.plot(*zip(*points, strict=True), style, marker="o", label=name)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("sequence length")

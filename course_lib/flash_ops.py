@@ -2,36 +2,114 @@
 
 ``flash_attention(q, k, v, ...)`` computes, for q, k, v ``[batch, heads, seq, head_dim]``::
 
-    out_i = sum_j softmax_j(scale * q'_i . k'_j + bias_ij  over allowed j) v_j
+    out_i = sum_j softmax_j(scale * q'_i . k'_j + b_ij  over allowed j) v_j
 
 where key ``j`` is allowed for query ``i`` iff it is a real token (``key_padding_mask``) and,
-when causal, ``j <= i`` (by index). ``position_mode`` picks the encoding of ``q'``, ``k'`` and
-``bias`` ("none", "rope", "exposb"; see :mod:`course_lib.kernels.flash`). A query with no allowed
-key outputs 0. Gradients flow to q, k and v.
+when causal, ``j <= i`` (by index). The kernels know no encoding: ``q'``, ``k'`` come from the
+caller's per-token tables (:class:`course_lib.kernel_hooks.QKTables`; ``q' = q`` without) and
+``b`` from a named score-bias hook (:class:`course_lib.kernel_hooks.ScoreBias`; 0 without). A
+query with no allowed key outputs 0. Gradients flow to q, k, v and ``score_bias.per_head``.
+
+The same interface, checks and layout convention serve the stick-breaking wrapper
+(:mod:`course_lib.stick_ops`), which imports :func:`prepare_kernel_call` from here.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from course_lib.checks import (
-    KERNEL_HEAD_DIMS,
-    check_choice,
     check_kernel_qkv,
     check_key_padding_mask,
     check_position_ids,
     default_position_ids,
 )
-from course_lib.encodings import ROPE_STYLES
+from course_lib.kernel_hooks import QKTables, ScoreBias
+from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, SCORE_BIAS_HOOK_NAMES
 from course_lib.runtime import check_kernel_tensors, load_kernel_module
 
-__all__ = ["flash_attention", "FLASH_POSITION_MODES", "FLASH_HEAD_DIMS"]
+__all__ = ["KernelCall", "flash_attention", "prepare_kernel_call"]
 
-FLASH_POSITION_MODES: tuple[str, ...] = ("none", "rope", "exposb")
-FLASH_HEAD_DIMS = KERNEL_HEAD_DIMS
+
+@dataclass(frozen=True)
+class KernelCall:
+    """What a wrapper hands its kernels after the checks.
+
+    ``positions``: float32 ``[1 or batch, seq]``; ``mask``: int8 ``[batch, seq]`` or None;
+    ``hook``: the score-bias hook's name or None; ``per_head``: its tensor (as given) or None.
+    """
+
+    scale: float
+    positions: torch.Tensor
+    mask: torch.Tensor | None
+    qk_tables: QKTables | None
+    hook: str | None
+    per_head: torch.Tensor | None
+
+
+def prepare_kernel_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    kernel: str,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    scale: float | None,
+    qk_tables: QKTables | None,
+    score_bias: ScoreBias | None,
+) -> KernelCall:
+    """Check a wrapper's arguments and put them in the form the kernels read.
+
+    q, k, v may be any strided views (no copy is made); positions default to ``arange(seq)``
+    and are converted once to float32 (they only reach the kernels through a score bias).
+    """
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    check_kernel_qkv(q, k, v, kernel=kernel, head_dims=KERNEL_HEAD_DIMS, dtypes=KERNEL_DTYPES)
+    batch, heads, seq, head_dim = q.shape
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale}")
+    if position_ids is None:
+        position_ids = default_position_ids(seq, q.device)
+    positions = check_position_ids(position_ids, batch, seq, q.device)
+    positions = positions.to(torch.float32).contiguous()
+    mask = None
+    if key_padding_mask is not None:
+        check_key_padding_mask(key_padding_mask, batch, seq, q.device)
+        mask = key_padding_mask.to(torch.int8).contiguous()
+    tensors = [q, k, v, positions, mask]
+    if qk_tables is not None:
+        if not isinstance(qk_tables, QKTables):
+            raise TypeError(
+                f"qk_tables must be a course_lib.kernel_hooks.QKTables, got {type(qk_tables)}"
+            )
+        tensors += [qk_tables.cos, qk_tables.sin, qk_tables.gain]
+    hook = per_head = None
+    if score_bias is not None:
+        if not isinstance(score_bias, ScoreBias):
+            raise TypeError(
+                f"score_bias must be a course_lib.kernel_hooks.ScoreBias, got {type(score_bias)}"
+            )
+        if score_bias.hook not in SCORE_BIAS_HOOK_NAMES:
+            raise ValueError(
+                f"unknown score-bias hook {score_bias.hook!r}; "
+                f"valid: {', '.join(map(repr, SCORE_BIAS_HOOK_NAMES))}"
+            )
+        hook, per_head = score_bias.hook, score_bias.per_head
+        if per_head is not None and not isinstance(per_head, torch.Tensor):
+            raise TypeError(f"score_bias.per_head must be a tensor, got {type(per_head)}")
+        tensors.append(per_head)
+    check_kernel_tensors(*tensors)
+    return KernelCall(scale, positions, mask, qk_tables, hook, per_head)
 
 
 class _FlashAttentionFunction(torch.autograd.Function):
@@ -43,48 +121,36 @@ class _FlashAttentionFunction(torch.autograd.Function):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        position_ids: torch.Tensor,
-        key_padding_mask: torch.Tensor | None,
-        options: dict,
+        per_head: torch.Tensor | None,
+        call: KernelCall,
+        causal: bool,
     ) -> torch.Tensor:
         kernels = load_kernel_module("flash")
-        out, lse = kernels.flash_attention_forward(
-            q, k, v, position_ids, key_padding_mask, **options
+        options = dict(
+            causal=causal,
+            scale=call.scale,
+            qk_tables=call.qk_tables,
+            bias_hook=call.hook,
+            bias_params=None if per_head is None else per_head.detach(),
         )
-        ctx.save_for_backward(q, k, v, out, lse, position_ids, key_padding_mask)
-        ctx.options = options
+        out, lse = kernels.flash_attention_forward(q, k, v, call.positions, call.mask, **options)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.call, ctx.options = call, options
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        q, k, v, out, lse, position_ids, key_padding_mask = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
+        call = ctx.call
         kernels = load_kernel_module("flash")
-        dq, dk, dv = kernels.flash_attention_backward(
-            grad_out.contiguous(),
-            q,
-            k,
-            v,
-            out,
-            lse,
-            position_ids,
-            key_padding_mask,
-            **ctx.options,
-        )
-        return dq, dk, dv, None, None, None
-
-
-def _prepare_positions(
-    position_ids: torch.Tensor | None, batch: int, seq: int, device: torch.device
-) -> torch.Tensor:
-    """Integer ``[seq]``, ``[1, seq]`` or ``[batch, seq]`` (default ``arange(seq)``) ->
-    contiguous int32/int64 ``[batch, seq]``."""
-    if position_ids is None:
-        position_ids = default_position_ids(seq, device)
-    position_ids = check_position_ids(position_ids, batch, seq, device).expand(batch, seq)
-    if position_ids.dtype not in (torch.int32, torch.int64):
-        position_ids = position_ids.to(torch.int64)
-    return position_ids.contiguous()
+        want_bias_grad = ctx.needs_input_grad[3]
+        dq, dk, dv, dparams = kernels.flash_attention_backward(
+            grad_out, q, k, v, out, lse, call.positions, call.mask,
+            bias_grad=want_bias_grad, **ctx.options,
+        )  # fmt: skip
+        d_per_head = dparams.to(call.per_head.dtype) if want_bias_grad else None
+        return dq, dk, dv, d_per_head, None, None
 
 
 def flash_attention(
@@ -92,61 +158,33 @@ def flash_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    position_mode: str = "none",
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
     scale: float | None = None,
-    rope_base: float = 10000.0,
-    rope_style: str = "interleaved",
+    qk_tables: QKTables | None = None,
+    score_bias: ScoreBias | None = None,
 ) -> torch.Tensor:
-    """Fused flash attention with an optional position encoding; differentiable in q, k, v.
+    """Fused flash attention; differentiable in q, k, v and ``score_bias.per_head``.
 
     Args:
         q, k, v: ``[batch, heads, seq, head_dim]``, one dtype of fp32/fp16/bf16, head_dim in
-            {16, 32, 64, 128}, the same seq for queries and keys.
-        position_mode: "none" (``scale * q.k``), "rope" (rotary q and k) or "exposb" (rotary with
-            amplitude ``1 + 0.2 exp(-0.001 p)``, band-pass channel gain, and the logit bias
-            ``log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))``).
+            {16, 32, 64, 128}, the same seq for queries and keys; any strides (e.g.
+            ``x.view(b, n, h, d).transpose(1, 2)``), read in place.
         causal: key j is visible to query i only if ``j <= i`` (by index).
         key_padding_mask: bool ``[batch, seq]``, True for real tokens, or None.
-        position_ids: integer ``[seq]``, ``[1, seq]`` or ``[batch, seq]``; default ``arange(seq)``.
+        position_ids: integer ``[seq]`` or ``[batch, seq]``; default ``arange(seq)``. Read by
+            the score bias (the tables are built by the caller from the same positions).
         scale: logit scale, default ``1/sqrt(head_dim)``.
-        rope_base: base of the rotary frequencies ``base**(-2t/head_dim)``.
-        rope_style: "interleaved" pairs channels (2t, 2t+1); "half" pairs (t, t + head_dim/2).
+        qk_tables: per-token q/k tables (``cos``, ``sin`` float32 ``[1 or batch, seq,
+            head_dim/2]``, optional ``gain`` ``[head_dim]``, pair ``layout``), or None.
+        score_bias: a named bias hook and its ``per_head`` tensor, or None.
 
     Returns:
         ``[batch, heads, seq, head_dim]`` in the input dtype; rows with no allowed key are 0.
     """
-    if position_mode not in FLASH_POSITION_MODES:
-        raise ValueError(
-            f"position_mode must be one of {list(FLASH_POSITION_MODES)}, got {position_mode!r}"
-        )
-    check_choice("rope_style", rope_style, ROPE_STYLES)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    check_kernel_qkv(q, k, v, kernel="flash")
-    batch, heads, seq, head_dim = q.shape
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale}")
-    rope_base = float(rope_base)
-    if not (math.isfinite(rope_base) and rope_base > 0):
-        raise ValueError(f"rope_base must be a positive finite number, got {rope_base}")
-    positions = _prepare_positions(position_ids, batch, seq, q.device)
-    mask = None
-    if key_padding_mask is not None:
-        mask = check_key_padding_mask(key_padding_mask, batch, seq, q.device).contiguous()
-    check_kernel_tensors(q, k, v, positions, mask)
-    options = dict(
-        position_mode=position_mode,
-        causal=causal,
-        scale=scale,
-        rope_base=rope_base,
-        rope_style=rope_style,
-    )
-    return _FlashAttentionFunction.apply(
-        q.contiguous(), k.contiguous(), v.contiguous(), positions, mask, options
-    )
+    call = prepare_kernel_call(
+        q, k, v, kernel="flash", causal=causal, key_padding_mask=key_padding_mask,
+        position_ids=position_ids, scale=scale, qk_tables=qk_tables, score_bias=score_bias,
+    )  # fmt: skip
+    return _FlashAttentionFunction.apply(q, k, v, call.per_head, call, causal)

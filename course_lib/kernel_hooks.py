@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PAIR_LAYOUTS", "QKTables", "ScoreBias"]
+from course_lib.kernels.limits import PAIR_LAYOUTS
 
-PAIR_LAYOUTS: tuple[str, ...] = ("interleaved", "half")
+__all__ = ["PAIR_LAYOUTS", "QKTables", "ScoreBias"]
 
 
 @dataclass(frozen=True)

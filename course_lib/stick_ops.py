@@ -3,39 +3,28 @@
 ``stick_breaking_attention(q, k, v, ...)`` computes, for q, k, v ``[batch, heads, seq, head_dim]``
 (Tan et al. 2024, "Scaling Stick-Breaking Attention")::
 
-    z_ij  = scale * q'_i . k'_j  -  lambda_h * |p_i - p_j|        (lambda term if given)
+    z_ij  = scale * q'_i . k'_j + b_ij
     A_ij  = sigmoid(z_ij) * prod_{allowed l strictly between j and i} (1 - sigmoid(z_il))
     out_i = sum_j A_ij v_j + (1 - sum_j A_ij) v_i
 
 Key ``j`` is allowed for query ``i`` iff it is a real token (``key_padding_mask``) and, causal,
 ``j < i`` (by index; the query itself is never a key, so the first token outputs its own value).
 Bidirectional: one stick over the left keys and one over the right keys, each from the nearest
-key outward and each worth half. With ``rope=True``, ``q' = R(p) q`` and ``k' = R(p) k``
-(see :func:`course_lib.encodings.apply_rope`); RSE is ``rope=True`` plus ``distance_penalty``.
-Gradients flow to q, k, v and ``distance_penalty``.
+key outward and each worth half. ``q'``, ``k'`` come from the caller's per-token tables and
+``b`` from a named score-bias hook, exactly as in :func:`course_lib.flash_ops.flash_attention`
+(RSE: RoPE tables and ``ScoreBias("linear_distance", lambda)``). Gradients flow to q, k, v and
+``score_bias.per_head``.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from course_lib.checks import (
-    KERNEL_HEAD_DIMS,
-    check_choice,
-    check_distance_penalty,
-    check_kernel_qkv,
-    check_key_padding_mask,
-    check_position_ids,
-    default_position_ids,
-)
-from course_lib.encodings import ROPE_STYLES, rope_angles
-from course_lib.runtime import check_kernel_tensors, load_kernel_module
+from course_lib.flash_ops import KernelCall, prepare_kernel_call
+from course_lib.kernel_hooks import QKTables, ScoreBias
+from course_lib.runtime import load_kernel_module
 
-__all__ = ["STICK_HEAD_DIMS", "stick_breaking_attention"]
-
-STICK_HEAD_DIMS = KERNEL_HEAD_DIMS
+__all__ = ["stick_breaking_attention"]
 
 
 class _StickBreakingFunction(torch.autograd.Function):
@@ -47,65 +36,36 @@ class _StickBreakingFunction(torch.autograd.Function):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        distance_penalty: torch.Tensor | None,
-        positions: torch.Tensor,
-        key_mask: torch.Tensor | None,
-        cos: torch.Tensor | None,
-        sin: torch.Tensor | None,
-        options: dict,
+        per_head: torch.Tensor | None,
+        call: KernelCall,
+        causal: bool,
     ) -> torch.Tensor:
         kernels = load_kernel_module("stick_breaking")
-        penalty = None if distance_penalty is None else distance_penalty.detach().float()
-        tables = None if cos is None else (cos, sin)
-        out, mass = kernels.stick_breaking_forward(
-            q, k, v, positions, key_mask, penalty, tables, **options
+        options = dict(
+            causal=causal,
+            scale=call.scale,
+            qk_tables=call.qk_tables,
+            bias_hook=call.hook,
+            bias_params=None if per_head is None else per_head.detach(),
         )
-        ctx.save_for_backward(q, k, v, mass, penalty, positions, key_mask, cos, sin)
-        ctx.options = options
-        ctx.penalty_dtype = None if distance_penalty is None else distance_penalty.dtype
+        out, mass = kernels.stick_breaking_forward(q, k, v, call.positions, call.mask, **options)
+        ctx.save_for_backward(q, k, v, mass)
+        ctx.call, ctx.options = call, options
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        q, k, v, mass, penalty, positions, key_mask, cos, sin = ctx.saved_tensors
+        q, k, v, mass = ctx.saved_tensors
+        call = ctx.call
         kernels = load_kernel_module("stick_breaking")
-        tables = None if cos is None else (cos, sin)
-        dq, dk, dv, dpenalty = kernels.stick_breaking_backward(
-            grad_out, q, k, v, mass, positions, key_mask, penalty, tables, **ctx.options
-        )
-        if dpenalty is not None and ctx.needs_input_grad[3]:
-            dpenalty = dpenalty.to(ctx.penalty_dtype)
-        else:
-            dpenalty = None
-        return (
-            dq.to(q.dtype),
-            dk.to(k.dtype),
-            dv.to(v.dtype),
-            dpenalty,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
-
-
-def _prepare_positions(
-    position_ids: torch.Tensor | None, batch: int, seq: int, device: torch.device
-) -> torch.Tensor:
-    """Integer ``[seq]`` or ``[batch, seq]`` (default arange) -> int64 ``[1 or batch, seq]``."""
-    if position_ids is None:
-        position_ids = default_position_ids(seq, device)
-    return check_position_ids(position_ids, batch, seq, device).to(torch.int64).contiguous()
-
-
-def _rope_tables(
-    positions: torch.Tensor, head_dim: int, base: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos``/``sin`` of the angles ``p * base**(-2t/head_dim)`` (float32 ``[1|B, seq, D/2]``)."""
-    angles = rope_angles(positions, head_dim, base)
-    return angles.cos().contiguous(), angles.sin().contiguous()
+        want_bias_grad = ctx.needs_input_grad[3]
+        dq, dk, dv, dparams = kernels.stick_breaking_backward(
+            grad_out, q, k, v, mass, call.positions, call.mask,
+            bias_grad=want_bias_grad, **ctx.options,
+        )  # fmt: skip
+        d_per_head = dparams.to(call.per_head.dtype) if want_bias_grad else None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_per_head, None, None
 
 
 def stick_breaking_attention(
@@ -117,56 +77,29 @@ def stick_breaking_attention(
     key_padding_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
     scale: float | None = None,
-    rope: bool = False,
-    rope_base: float = 10000.0,
-    rope_style: str = "interleaved",
-    distance_penalty: torch.Tensor | None = None,
+    qk_tables: QKTables | None = None,
+    score_bias: ScoreBias | None = None,
 ) -> torch.Tensor:
-    """Fused stick-breaking attention; differentiable in q, k, v and ``distance_penalty``.
+    """Fused stick-breaking attention; differentiable in q, k, v and ``score_bias.per_head``.
 
     Args:
         q, k, v: ``[batch, heads, seq, head_dim]``, one dtype of fp32/fp16/bf16, head_dim in
-            {16, 32, 64, 128}, the same seq for queries and keys.
+            {16, 32, 64, 128}, the same seq for queries and keys; any strides, read in place.
         causal: one stick over the keys ``j < i``; else two half sticks (left and right).
         key_padding_mask: bool ``[batch, seq]``, True for real tokens, or None. Padded keys get
             weight 0 and do not break the stick.
-        position_ids: integer ``[seq]`` or ``[batch, seq]``; default ``arange(seq)``. Used by
-            RoPE and the distance penalty; the causal order is by index.
+        position_ids: integer ``[seq]`` or ``[batch, seq]``; default ``arange(seq)``. Read by
+            the score bias; the causal order is by index.
         scale: logit scale, default ``1/sqrt(head_dim)``.
-        rope: rotate q and k (RoPE) before the dot product.
-        rope_base: base of the rotary frequencies ``base**(-2t/head_dim)``.
-        rope_style: "interleaved" pairs channels (2t, 2t+1); "half" pairs (t, t + head_dim/2).
-        distance_penalty: lambda ``[heads]`` (floating, >= 0), subtracted as
-            ``lambda_h * |p_i - p_j|`` from the logits; None for none.
+        qk_tables: per-token q/k tables (``cos``, ``sin`` float32 ``[1 or batch, seq,
+            head_dim/2]``, optional ``gain`` ``[head_dim]``, pair ``layout``), or None.
+        score_bias: a named bias hook and its ``per_head`` tensor, or None.
 
     Returns:
         ``[batch, heads, seq, head_dim]`` in the input dtype.
     """
-    check_kernel_qkv(q, k, v, kernel="stick-breaking")
-    batch, heads, seq, head_dim = q.shape
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
-    if not isinstance(rope, bool):
-        raise TypeError(f"rope must be True or False, got {rope!r}")
-    check_choice("rope_style", rope_style, ROPE_STYLES)
-    rope_base = float(rope_base)
-    if not (math.isfinite(rope_base) and rope_base > 0):
-        raise ValueError(f"rope_base must be a positive finite number, got {rope_base}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale}")
-    positions = _prepare_positions(position_ids, batch, seq, q.device)
-    mask = None
-    if key_padding_mask is not None:
-        check_key_padding_mask(key_padding_mask, batch, seq, q.device)
-        mask = key_padding_mask.to(torch.int8).contiguous()
-    if distance_penalty is not None:
-        check_distance_penalty(distance_penalty, heads, q.device)
-    check_kernel_tensors(q, k, v, positions, mask, distance_penalty)
-    cos, sin = _rope_tables(positions, head_dim, rope_base) if rope else (None, None)
-    options = {"causal": causal, "scale": scale, "half_style": rope_style == "half"}
-    return _StickBreakingFunction.apply(
-        q, k, v, distance_penalty, positions, mask, cos, sin, options
-    )
+    call = prepare_kernel_call(
+        q, k, v, kernel="stick-breaking", causal=causal, key_padding_mask=key_padding_mask,
+        position_ids=position_ids, scale=scale, qk_tables=qk_tables, score_bias=score_bias,
+    )  # fmt: skip
+    return _StickBreakingFunction.apply(q, k, v, call.per_head, call, causal)

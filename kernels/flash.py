@@ -1,40 +1,40 @@
-"""Fused flash attention (forward and backward) with a compile-time position encoding.
+"""Fused flash attention (forward and backward); position machinery comes from the caller.
 
-Tensors are ``[batch, heads, seq, head_dim]`` and contiguous; ``position_ids`` is integer
-``[batch, seq]``; ``key_padding_mask`` is ``[batch, seq]`` (nonzero = real token) or absent.
+Tensors are ``[batch, heads, seq, head_dim]`` (any strides, see :mod:`.common` for the layout
+convention); ``positions`` is float32 ``[1 or batch, seq]``; ``key_mask`` is ``[batch, seq]``
+(nonzero = real token) or absent.
 
 The function, for query ``i`` and key ``j`` of one (batch, head)::
 
-    logits_ij = scale * q'_i . k'_j + bias_ij
+    logits_ij = scale * q'_i . k'_j + b_ij
     out_i     = sum_j softmax_j(logits_ij over allowed j) * v_j      (0 if no key is allowed)
 
-with key ``j`` allowed iff it is a real token and (not causal or ``j <= i``). ``POSITION_MODE``
-(a ``tl.constexpr``, so each mode is its own compiled kernel) picks ``q'``, ``k'`` and ``bias``:
+with key ``j`` allowed iff it is a real token and (not causal or ``j <= i``).
 
-* ``none``   : ``q' = q``, ``bias = 0``.
-* ``rope``   : ``q'_i = R(p_i) q_i``; ``R(p)`` rotates channel pair ``t`` by ``p * base**(-2t/D)``
-  (pairs ``(2t, 2t+1)`` for the interleaved style, ``(t, t + D/2)`` for the half style).
-* ``exposb`` : ``q'_i = g * a(p_i) * R(p_i) q_i`` with amplitude ``a(p) = 1 + 0.2 exp(-0.001 p)``
-  and band-pass gain ``g[d] = 0.8 + 0.4 exp(-(d - D/4)^2 / (2 (D/8)^2))``, and
-  ``bias_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))``.
+* ``q'``, ``k'``: the caller's per-token tables (``HAS_TABLES``, a ``tl.constexpr``): channel
+  pair ``t`` = ``(x_1, x_2)`` of the token at sequence index ``s`` becomes
+  ``x'_1 = g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``x'_2 = g_2 (x_1 sin[s, t] + x_2 cos[s, t])``
+  (``g``: the optional per-channel ``gain``, ``HAS_GAIN``). Without tables ``q' = q``.
+* ``b_ij``: a score-bias hook (:mod:`.score_bias`) passed in as the constexpr ``BIAS_FN``, or
+  None (no bias, no position loads).
 
 Design:
 
 * Online softmax over key blocks (Dao et al., FlashAttention-2): memory is O(seq), the
-  ``seq x seq`` matrix never exists. Work is in base 2 (``exp2``), accumulation in fp32. The
-  forward stores the per-row log-sum-exp (base 2) for the backward.
-* The rotation is applied to each loaded q/k tile inside the kernels, in fp32; no rotated copy of
-  q or k is ever written. A tile is loaded as its two pair halves, ``x_1`` (channels ``2t`` or
-  ``t``) and ``x_2`` (channels ``2t+1`` or ``t + D/2``), so a rotation is elementwise
-  (``x'_1 = x_1 cos - x_2 sin``, ``x'_2 = x_1 sin + x_2 cos``) and ``q' . k'`` is two ``tl.dot``
-  over half the channels; gradients are stored back through the transposed rotation the same
-  way. The ``cos``/``sin`` values (times ``a(p)`` for exposb) of the fp32 angles
-  ``p * inv_freq`` are computed once per call by the launch helper, ``[batch, seq, D/2]`` (O(seq)
-  memory), so the inner loops spend no time on transcendental functions.
+  ``seq x seq`` matrix never exists. Work is in base 2 (``exp2``; hooks return their bias times
+  ``log2 e``), accumulation in fp32. The forward stores the per-row log-sum-exp (base 2) for
+  the backward.
+* The tables are applied to each loaded q/k tile inside the kernels, in fp32; no transformed
+  copy of q or k is ever written. A tile is loaded as its two pair halves, ``x_1`` (channels
+  ``2t`` or ``t``) and ``x_2`` (channels ``2t+1`` or ``t + D/2``), so the transform is
+  elementwise and ``q' . k'`` is two ``tl.dot`` over half the channels; gradients are stored back
+  through the transposed transform the same way. cos/sin come precomputed from the caller, so the
+  inner loops spend no time on transcendental functions.
 * Backward, deterministic, no atomics: a pre-pass computes ``delta_i = rowsum(dO_i * O_i)``; one
-  kernel walks the query blocks for each key block (dK, dV), another walks the key blocks for each
-  query block (dQ). Gradients w.r.t. ``q'``/``k'`` are mapped back to ``q``/``k`` with the
-  transpose of the encoding: ``dq = a(p) R(p)^T (g * dq')``.
+  kernel walks the query blocks for each key block (dK, dV, and the score bias's parameter
+  gradient from ``dS``, as per-program partial sums reduced with torch after the launch),
+  another walks the key blocks for each query block (dQ). Gradients w.r.t. ``q'``/``k'`` are
+  mapped back to ``q``/``k`` with the transpose of the transform: ``dq = R^T (g * dq')``.
 * Causal: key blocks entirely above the diagonal are skipped. Tails are masked.
 """
 
@@ -44,23 +44,19 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import LaunchArgs, _program_setup, check_launch_inputs, dot_precision, prepare_launch
+from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
+
 __all__ = [
-    "POSITION_MODES",
-    "ROPE_STYLES",
-    "SUPPORTED_HEAD_DIMS",
-    "SUPPORTED_DTYPES",
+    "KERNEL_DTYPES",
+    "KERNEL_HEAD_DIMS",
+    "MAX_BATCH_HEADS",
     "FlashConfig",
     "pick_config",
-    "rotary_tables",
     "flash_attention_forward",
     "flash_attention_backward",
 ]
 
-POSITION_MODES: dict[str, int] = {"none": 0, "rope": 1, "exposb": 2}
-ROPE_STYLES: tuple[str, ...] = ("interleaved", "half")
-SUPPORTED_HEAD_DIMS: tuple[int, ...] = (16, 32, 64, 128)
-SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
-MAX_BATCH_HEADS = 65535  # CUDA's limit on the second grid axis
 LOG2E = 1.4426950408889634
 
 
@@ -70,14 +66,14 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _pair_channels(HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, ROPE_HALF: tl.constexpr):
+def _pair_channels(HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, HALF_LAYOUT: tl.constexpr):
     """Pair index ``t`` (padded to ``HALF_PAD``), its validity, and the two channels of the pair.
 
     Interleaved: pair ``t`` is channels ``(2t, 2t+1)``; half: ``(t, t + HEAD_DIM/2)``.
     """
     t = tl.arange(0, HALF_PAD)
     pair_valid = t < HEAD_DIM // 2
-    if ROPE_HALF:
+    if HALF_LAYOUT:
         first = t
         second = t + HEAD_DIM // 2
     else:
@@ -87,15 +83,17 @@ def _pair_channels(HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, ROPE_HALF: tl
 
 
 @triton.jit
-def _load_rows(base, offs_row, row_valid, HEAD_DIM: tl.constexpr):
-    """Load a ``[rows, HEAD_DIM]`` tile of a row-major ``[seq, HEAD_DIM]`` matrix (tail rows 0)."""
-    ptrs = base + offs_row[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+def _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM: tl.constexpr):
+    """Load a ``[rows, HEAD_DIM]`` tile of a ``[seq, HEAD_DIM]`` matrix (tail rows 0)."""
+    ptrs = base + offs_row[:, None] * stride_s + tl.arange(0, HEAD_DIM)[None, :] * stride_d
     return tl.load(ptrs, mask=row_valid[:, None], other=0.0)
 
 
 @triton.jit
 def _load_encoded(
     base,
+    stride_s,
+    stride_d,
     COS,
     SIN,
     offs_row,
@@ -107,19 +105,20 @@ def _load_encoded(
     gain_first,
     gain_second,
     HEAD_DIM: tl.constexpr,
-    POSITION_MODE: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
 ):
     """Load a q or k tile as its pair halves ``(x'_1, x'_2)``, each ``[rows, HALF_PAD]``.
 
-    rope: ``x'_1 = x_1 cos - x_2 sin``, ``x'_2 = x_1 sin + x_2 cos`` (fp32, cast back to the
-    input dtype); exposb: the same times the gain (the amplitude is folded into cos/sin);
-    none: the halves as loaded. Then ``q' . k' = q'_1 . k'_1 + q'_2 . k'_2``.
+    With tables: ``x'_1 = x_1 cos - x_2 sin``, ``x'_2 = x_1 sin + x_2 cos`` (fp32), times the
+    gain if ``HAS_GAIN``, cast back to the input dtype; without: the halves as loaded. Then
+    ``q' . k' = q'_1 . k'_1 + q'_2 . k'_2``.
     """
     mask = row_valid[:, None] & pair_valid[None, :]
-    row_ptrs = base + offs_row[:, None] * HEAD_DIM
-    x1 = tl.load(row_ptrs + first[None, :], mask=mask, other=0.0)
-    x2 = tl.load(row_ptrs + second[None, :], mask=mask, other=0.0)
-    if POSITION_MODE != 0:
+    row_ptrs = base + offs_row[:, None] * stride_s
+    x1 = tl.load(row_ptrs + first[None, :] * stride_d, mask=mask, other=0.0)
+    x2 = tl.load(row_ptrs + second[None, :] * stride_d, mask=mask, other=0.0)
+    if HAS_TABLES:
         table = offs_row[:, None] * (HEAD_DIM // 2) + t[None, :]
         cos = tl.load(COS + table, mask=mask, other=0.0)
         sin = tl.load(SIN + table, mask=mask, other=0.0)
@@ -127,7 +126,7 @@ def _load_encoded(
         x2f = x2.to(tl.float32)
         y1 = x1f * cos - x2f * sin
         y2 = x1f * sin + x2f * cos
-        if POSITION_MODE == 2:
+        if HAS_GAIN:
             y1 = y1 * gain_first[None, :]
             y2 = y2 * gain_second[None, :]
         x1 = y1.to(x1.dtype)
@@ -151,16 +150,18 @@ def _store_decoded(
     gain_first,
     gain_second,
     HEAD_DIM: tl.constexpr,
-    POSITION_MODE: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
 ):
-    """Store the gradient w.r.t. x given the gradients w.r.t. the halves of ``x'`` (fp32).
+    """Store the gradient w.r.t. x (a contiguous ``[seq, HEAD_DIM]`` matrix) given the fp32
+    gradients w.r.t. the halves of ``x'``.
 
     The transpose of :func:`_load_encoded`: ``dx_1 = cos g_1 dy_1 + sin g_2 dy_2``,
-    ``dx_2 = -sin g_1 dy_1 + cos g_2 dy_2`` (``a(p)`` is inside cos/sin; ``g = 1`` for rope).
+    ``dx_2 = -sin g_1 dy_1 + cos g_2 dy_2`` (``g = 1`` without a gain).
     """
     mask = row_valid[:, None] & pair_valid[None, :]
-    if POSITION_MODE != 0:
-        if POSITION_MODE == 2:
+    if HAS_TABLES:
+        if HAS_GAIN:
             dy1 = dy1 * gain_first[None, :]
             dy2 = dy2 * gain_second[None, :]
         table = offs_row[:, None] * (HEAD_DIM // 2) + t[None, :]
@@ -177,10 +178,15 @@ def _store_decoded(
 
 
 @triton.jit
-def _distance_bias_base2(pos_a, pos_b):
-    """``log2(0.7 + 0.3 exp(-0.005 |pos_a - pos_b|))`` as a ``[len(pos_a), len(pos_b)]`` tile."""
-    distance = tl.abs(pos_a[:, None] - pos_b[None, :])
-    return tl.log2(0.7 + 0.3 * tl.exp(-0.005 * distance))
+def _pair_gains(GAIN, first, second, pair_valid, HAS_GAIN: tl.constexpr):
+    """The gain of each pair's two channels (never loaded, and unused, without a gain)."""
+    if HAS_GAIN:
+        gain_1 = tl.load(GAIN + first, mask=pair_valid, other=0.0)
+        gain_2 = tl.load(GAIN + second, mask=pair_valid, other=0.0)
+    else:
+        gain_1 = 1.0
+        gain_2 = 1.0
+    return gain_1, gain_2
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,6 +206,25 @@ def _flash_fwd_kernel(
     COS,
     SIN,
     GAIN,
+    BIAS,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_vd,
+    stride_ob,
+    stride_oh,
+    stride_pos_b,
+    stride_tab_b,
+    stride_bias_b,
+    stride_bias_h,
     seq_len,
     num_heads,
     qk_scale_log2,
@@ -207,39 +232,34 @@ def _flash_fwd_kernel(
     HALF_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    POSITION_MODE: tl.constexpr,
-    ROPE_HALF: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
+    BIAS_FN: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """One query block of one (batch, head): online softmax over the key blocks."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    batch = pid_bh // num_heads
-    head_offset = pid_bh.to(tl.int64) * seq_len * HEAD_DIM
-    Q += head_offset
-    K += head_offset
-    V += head_offset
-    OUT += head_offset
-    LSE += pid_bh.to(tl.int64) * seq_len
-    POS += batch * seq_len
-    KPM += batch * seq_len
-    COS += batch.to(tl.int64) * seq_len * (HEAD_DIM // 2)
-    SIN += batch.to(tl.int64) * seq_len * (HEAD_DIM // 2)
+    pid_m, pid_bh, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS = _program_setup(
+        Q, K, V, OUT, POS, KPM, COS, SIN, BIAS, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_oh, stride_pos_b, stride_tab_b, stride_bias_b,
+        stride_bias_h, num_heads, seq_len, False,
+    )  # fmt: skip
+    LSE += pid_bh * seq_len
 
-    t, pair_valid, first, second = _pair_channels(HEAD_DIM, HALF_PAD, ROPE_HALF)
-    gain_1 = tl.load(GAIN + first, mask=pair_valid, other=0.0)
-    gain_2 = tl.load(GAIN + second, mask=pair_valid, other=0.0)
+    t, pair_valid, first, second = _pair_channels(HEAD_DIM, HALF_PAD, HALF_LAYOUT)
+    gain_1, gain_2 = _pair_gains(GAIN, first, second, pair_valid, HAS_GAIN)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_valid = offs_m < seq_len
     q1, q2 = _load_encoded(
-        Q, COS, SIN, offs_m, row_valid, t, pair_valid, first, second, gain_1, gain_2,
-        HEAD_DIM, POSITION_MODE,
+        Q, stride_qs, stride_qd, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
+        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
-    if POSITION_MODE == 2:
-        pos_m = tl.load(POS + offs_m, mask=row_valid, other=0).to(tl.float32)
+    if BIAS_FN is not None:  # query indices and positions as [BLOCK_M, 1] columns
+        row_idx = offs_m[:, None]
+        row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
@@ -254,18 +274,20 @@ def _flash_fwd_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_valid = offs_n < seq_len
         k1, k2 = _load_encoded(
-            K, COS, SIN, offs_n, col_valid, t, pair_valid, first, second, gain_1, gain_2,
-            HEAD_DIM, POSITION_MODE,
+            K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
+            gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
         )  # fmt: skip
         v = tl.load(
-            V + offs_n[:, None] * HEAD_DIM + offs_d[None, :], mask=col_valid[:, None], other=0.0
+            V + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+            mask=col_valid[:, None],
+            other=0.0,
         )
 
         s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PRECISION)
         s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION) * qk_scale_log2
-        if POSITION_MODE == 2:
-            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0).to(tl.float32)
-            s += _distance_bias_base2(pos_m, pos_n)
+        if BIAS_FN is not None:  # the score-bias hook, in base 2
+            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0.0)
+            s += BIAS_FN(row_idx, offs_n[None, :], row_pos, pos_n[None, :], BIAS, True)
         allowed = col_valid[None, :]
         if HAS_MASK:
             allowed = allowed & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)[None, :]
@@ -302,17 +324,33 @@ def _flash_fwd_kernel(
 
 
 @triton.jit
-def _flash_bwd_delta_kernel(OUT, DO, DELTA, seq_len, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+def _flash_bwd_delta_kernel(
+    OUT,
+    DO,
+    DELTA,
+    stride_ob,
+    stride_oh,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    stride_dod,
+    seq_len,
+    num_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     """``delta_i = sum_d dO_id * O_id`` (fp32), one row block of one (batch, head)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    head_offset = pid_bh.to(tl.int64) * seq_len * HEAD_DIM
+    # Only the output (in the q slot) and dO are read: the other slots get unused pointers.
+    pid_m, pid_bh, OUT, _, _, DO, _, _, _, _, _ = _program_setup(
+        OUT, OUT, OUT, DO, DELTA, DELTA, DELTA, DELTA, DELTA, stride_ob, stride_oh, 0, 0, 0, 0,
+        stride_dob, stride_doh, 0, 0, 0, 0, num_heads, seq_len, False,
+    )  # fmt: skip
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_valid = offs_m < seq_len
-    o = _load_rows(OUT + head_offset, offs_m, row_valid, HEAD_DIM).to(tl.float32)
-    do = _load_rows(DO + head_offset, offs_m, row_valid, HEAD_DIM).to(tl.float32)
+    o = _load_rows(OUT, offs_m, row_valid, HEAD_DIM, 1, HEAD_DIM).to(tl.float32)
+    do = _load_rows(DO, offs_m, row_valid, stride_dos, stride_dod, HEAD_DIM).to(tl.float32)
     delta = tl.sum(o * do, 1)
-    tl.store(DELTA + pid_bh.to(tl.int64) * seq_len + offs_m, delta, mask=row_valid)
+    tl.store(DELTA + pid_bh * seq_len + offs_m, delta, mask=row_valid)
 
 
 @triton.jit
@@ -330,6 +368,28 @@ def _flash_bwd_dkdv_kernel(
     COS,
     SIN,
     GAIN,
+    BIAS,
+    DBIAS,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    stride_dod,
+    stride_pos_b,
+    stride_tab_b,
+    stride_bias_b,
+    stride_bias_h,
     seq_len,
     num_heads,
     scale,
@@ -338,8 +398,12 @@ def _flash_bwd_dkdv_kernel(
     HALF_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    POSITION_MODE: tl.constexpr,
-    ROPE_HALF: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    BIAS_GRAD_FN: tl.constexpr,
+    GRAD_WIDTH: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -347,41 +411,38 @@ def _flash_bwd_dkdv_kernel(
     """dK and dV for one key block, walking the query blocks (transposed tiles ``[keys, queries]``).
 
     ``P^T = exp2(S^T - lse)``, ``dV = P^T dO``, ``dS^T = P^T * (V dO^T - delta)``,
-    ``dk' = scale * dS^T q'`` (per pair half), then ``dk`` through the transposed encoding.
+    ``dk' = scale * dS^T q'`` (per pair half), then ``dk`` through the transposed transform.
+    With ``BIAS_GRAD_FN``, the score bias's parameter gradient from ``dS`` as this program's
+    partial sums, stored at ``DBIAS[batch*head, key block, :GRAD_WIDTH]``.
     """
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    batch = pid_bh // num_heads
-    head_offset = pid_bh.to(tl.int64) * seq_len * HEAD_DIM
-    Q += head_offset
-    K += head_offset
-    V += head_offset
-    DO += head_offset
-    DK += head_offset
-    DV += head_offset
-    LSE += pid_bh.to(tl.int64) * seq_len
-    DELTA += pid_bh.to(tl.int64) * seq_len
-    POS += batch * seq_len
-    KPM += batch * seq_len
-    COS += batch.to(tl.int64) * seq_len * (HEAD_DIM // 2)
-    SIN += batch.to(tl.int64) * seq_len * (HEAD_DIM // 2)
+    pid_n, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, BIAS = _program_setup(
+        Q, K, V, DO, POS, KPM, COS, SIN, BIAS, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_dob, stride_doh, stride_pos_b, stride_tab_b, stride_bias_b,
+        stride_bias_h, num_heads, seq_len, False,
+    )  # fmt: skip
+    DK += pid_bh * seq_len * HEAD_DIM
+    DV += pid_bh * seq_len * HEAD_DIM
+    LSE += pid_bh * seq_len
+    DELTA += pid_bh * seq_len
 
-    t, pair_valid, first, second = _pair_channels(HEAD_DIM, HALF_PAD, ROPE_HALF)
-    gain_1 = tl.load(GAIN + first, mask=pair_valid, other=0.0)
-    gain_2 = tl.load(GAIN + second, mask=pair_valid, other=0.0)
+    t, pair_valid, first, second = _pair_channels(HEAD_DIM, HALF_PAD, HALF_LAYOUT)
+    gain_1, gain_2 = _pair_gains(GAIN, first, second, pair_valid, HAS_GAIN)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_valid = offs_n < seq_len
     key_real = col_valid
     if HAS_MASK:
         key_real = key_real & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)
-    if POSITION_MODE == 2:
-        pos_n = tl.load(POS + offs_n, mask=col_valid, other=0).to(tl.float32)
+    if BIAS_FN is not None:  # key indices and positions as [BLOCK_N, 1] columns
+        key_idx = offs_n[:, None]
+        key_pos = tl.load(POS + offs_n, mask=col_valid, other=0.0)[:, None]
+    if BIAS_GRAD_FN is not None:
+        dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)
     k1, k2 = _load_encoded(
-        K, COS, SIN, offs_n, col_valid, t, pair_valid, first, second, gain_1, gain_2,
-        HEAD_DIM, POSITION_MODE,
+        K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
+        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
-    v = _load_rows(V, offs_n, col_valid, HEAD_DIM)
+    v = _load_rows(V, offs_n, col_valid, stride_vs, stride_vd, HEAD_DIM)
 
     dk1 = tl.zeros([BLOCK_N, HALF_PAD], dtype=tl.float32)
     dk2 = tl.zeros([BLOCK_N, HALF_PAD], dtype=tl.float32)
@@ -395,20 +456,22 @@ def _flash_bwd_dkdv_kernel(
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_valid = offs_m < seq_len
         q1, q2 = _load_encoded(
-            Q, COS, SIN, offs_m, row_valid, t, pair_valid, first, second, gain_1, gain_2,
-            HEAD_DIM, POSITION_MODE,
+            Q, stride_qs, stride_qd, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
+            gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
         )  # fmt: skip
         do = tl.load(
-            DO + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=row_valid[:, None], other=0.0
+            DO + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
+            mask=row_valid[:, None],
+            other=0.0,
         )
         lse = tl.load(LSE + offs_m, mask=row_valid, other=float("inf"))
         delta = tl.load(DELTA + offs_m, mask=row_valid, other=0.0)
 
         s_t = tl.dot(k1, tl.trans(q1), input_precision=DOT_PRECISION)
         s_t = tl.dot(k2, tl.trans(q2), s_t, input_precision=DOT_PRECISION) * qk_scale_log2
-        if POSITION_MODE == 2:
-            pos_m = tl.load(POS + offs_m, mask=row_valid, other=0).to(tl.float32)
-            s_t += _distance_bias_base2(pos_n, pos_m)
+        if BIAS_FN is not None:
+            pos_m = tl.load(POS + offs_m, mask=row_valid, other=0.0)
+            s_t += BIAS_FN(offs_m[None, :], key_idx, pos_m[None, :], key_pos, BIAS, True)
         allowed = key_real[:, None] & row_valid[None, :]
         if CAUSAL:
             allowed = allowed & (offs_m[None, :] >= offs_n[:, None])
@@ -416,19 +479,27 @@ def _flash_bwd_dkdv_kernel(
 
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q1.dtype)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if BIAS_GRAD_FN is not None:  # queries are axis 1 of these tiles
+            dbias = BIAS_GRAD_FN(
+                dbias, ds_t, offs_m[None, :], key_idx, pos_m[None, :], key_pos, BIAS, 1
+            )
+        ds_t = ds_t.to(q1.dtype)
         dk1 = tl.dot(ds_t, q1, dk1, input_precision=DOT_PRECISION)
         dk2 = tl.dot(ds_t, q2, dk2, input_precision=DOT_PRECISION)
 
     _store_decoded(
         DK, dk1 * scale, dk2 * scale, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
-        gain_1, gain_2, HEAD_DIM, POSITION_MODE,
+        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
     tl.store(
         DV + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
         dv.to(DV.dtype.element_ty),
         mask=col_valid[:, None],
     )
+    if BIAS_GRAD_FN is not None:
+        slot = (pid_bh * tl.num_programs(0) + pid_n) * GRAD_WIDTH
+        tl.store(DBIAS + slot + tl.arange(0, GRAD_WIDTH), dbias)
 
 
 @triton.jit
@@ -445,6 +516,27 @@ def _flash_bwd_dq_kernel(
     COS,
     SIN,
     GAIN,
+    BIAS,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dos,
+    stride_dod,
+    stride_pos_b,
+    stride_tab_b,
+    stride_bias_b,
+    stride_bias_h,
     seq_len,
     num_heads,
     scale,
@@ -453,8 +545,10 @@ def _flash_bwd_dq_kernel(
     HALF_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    POSITION_MODE: tl.constexpr,
-    ROPE_HALF: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
+    BIAS_FN: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -462,39 +556,32 @@ def _flash_bwd_dq_kernel(
     """dQ for one query block, walking the key blocks.
 
     ``P = exp2(S - lse)``, ``dS = P * (dO V^T - delta)``, ``dq' = scale * dS k'`` (per pair
-    half), then ``dq`` through the transposed encoding.
+    half), then ``dq`` through the transposed transform.
     """
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    batch = pid_bh // num_heads
-    head_offset = pid_bh.to(tl.int64) * seq_len * HEAD_DIM
-    Q += head_offset
-    K += head_offset
-    V += head_offset
-    DO += head_offset
-    DQ += head_offset
-    LSE += pid_bh.to(tl.int64) * seq_len
-    DELTA += pid_bh.to(tl.int64) * seq_len
-    POS += batch * seq_len
-    KPM += batch * seq_len
-    COS += batch.to(tl.int64) * seq_len * (HEAD_DIM // 2)
-    SIN += batch.to(tl.int64) * seq_len * (HEAD_DIM // 2)
+    pid_m, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, BIAS = _program_setup(
+        Q, K, V, DO, POS, KPM, COS, SIN, BIAS, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_dob, stride_doh, stride_pos_b, stride_tab_b, stride_bias_b,
+        stride_bias_h, num_heads, seq_len, False,
+    )  # fmt: skip
+    DQ += pid_bh * seq_len * HEAD_DIM
+    LSE += pid_bh * seq_len
+    DELTA += pid_bh * seq_len
 
-    t, pair_valid, first, second = _pair_channels(HEAD_DIM, HALF_PAD, ROPE_HALF)
-    gain_1 = tl.load(GAIN + first, mask=pair_valid, other=0.0)
-    gain_2 = tl.load(GAIN + second, mask=pair_valid, other=0.0)
+    t, pair_valid, first, second = _pair_channels(HEAD_DIM, HALF_PAD, HALF_LAYOUT)
+    gain_1, gain_2 = _pair_gains(GAIN, first, second, pair_valid, HAS_GAIN)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_valid = offs_m < seq_len
     q1, q2 = _load_encoded(
-        Q, COS, SIN, offs_m, row_valid, t, pair_valid, first, second, gain_1, gain_2,
-        HEAD_DIM, POSITION_MODE,
+        Q, stride_qs, stride_qd, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
+        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
-    do = _load_rows(DO, offs_m, row_valid, HEAD_DIM)
+    do = _load_rows(DO, offs_m, row_valid, stride_dos, stride_dod, HEAD_DIM)
     lse = tl.load(LSE + offs_m, mask=row_valid, other=float("inf"))
     delta = tl.load(DELTA + offs_m, mask=row_valid, other=0.0)
-    if POSITION_MODE == 2:
-        pos_m = tl.load(POS + offs_m, mask=row_valid, other=0).to(tl.float32)
+    if BIAS_FN is not None:
+        row_idx = offs_m[:, None]
+        row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
 
     dq1 = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
     dq2 = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
@@ -506,18 +593,20 @@ def _flash_bwd_dq_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_valid = offs_n < seq_len
         k1, k2 = _load_encoded(
-            K, COS, SIN, offs_n, col_valid, t, pair_valid, first, second, gain_1, gain_2,
-            HEAD_DIM, POSITION_MODE,
+            K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
+            gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
         )  # fmt: skip
         v = tl.load(
-            V + offs_n[:, None] * HEAD_DIM + offs_d[None, :], mask=col_valid[:, None], other=0.0
+            V + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+            mask=col_valid[:, None],
+            other=0.0,
         )
 
         s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PRECISION)
         s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION) * qk_scale_log2
-        if POSITION_MODE == 2:
-            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0).to(tl.float32)
-            s += _distance_bias_base2(pos_m, pos_n)
+        if BIAS_FN is not None:
+            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0.0)
+            s += BIAS_FN(row_idx, offs_n[None, :], row_pos, pos_n[None, :], BIAS, True)
         allowed = col_valid[None, :] & row_valid[:, None]
         if HAS_MASK:
             allowed = allowed & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)[None, :]
@@ -532,7 +621,7 @@ def _flash_bwd_dq_kernel(
 
     _store_decoded(
         DQ, dq1 * scale, dq2 * scale, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
-        gain_1, gain_2, HEAD_DIM, POSITION_MODE,
+        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
 
 
@@ -603,156 +692,64 @@ def pick_config(
     return FlashConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
 
 
-def rotary_tables(
-    position_ids: torch.Tensor, head_dim: int, rope_base: float, position_mode: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fp32 ``(cos, sin)`` tables ``[batch, seq, head_dim/2]`` and the gain ``[head_dim]``.
-
-    ``angle[b, i, t] = float32(p[b, i]) * inv_freq[t]`` with ``inv_freq[t] = base**(-2t/D)``
-    rounded once to fp32 (so angles are fp32, as in the reference). For exposb the tables carry
-    the amplitude ``a(p) = 1 + 0.2 exp(-0.001 p)`` and the gain is the band-pass
-    ``0.8 + 0.4 exp(-(d - D/4)^2 / (2 (D/8)^2))``; otherwise the gain is 1.
-    """
-    device = position_ids.device
-    d = torch.arange(head_dim, dtype=torch.float64)
-    if position_mode == "exposb":
-        gain = 0.8 + 0.4 * torch.exp(-((d - head_dim / 4) ** 2) / (2 * (head_dim / 8) ** 2))
-    else:
-        gain = torch.ones_like(d)
-    gain = gain.to(torch.float32).to(device)
-    if position_mode == "none":
-        empty = torch.zeros(1, dtype=torch.float32, device=device)  # never read
-        return empty, empty, gain
-    pairs = torch.arange(0, head_dim, 2, dtype=torch.float64)
-    inv_freq = (rope_base ** (-pairs / head_dim)).to(torch.float32).to(device)
-    positions = position_ids.to(torch.float32)
-    angle = positions[..., None] * inv_freq
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    if position_mode == "exposb":
-        amplitude = (1.0 + 0.2 * torch.exp(-0.001 * positions))[..., None]
-        cos, sin = cos * amplitude, sin * amplitude
-    return cos.contiguous(), sin.contiguous(), gain
-
-
-def _check_launch_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    position_ids: torch.Tensor,
-    key_padding_mask: torch.Tensor | None,
-    position_mode: str,
-    rope_style: str,
-) -> None:
-    if position_mode not in POSITION_MODES:
-        raise ValueError(
-            f"position_mode must be one of {list(POSITION_MODES)}, got {position_mode!r}"
-        )
-    if rope_style not in ROPE_STYLES:
-        raise ValueError(f"rope_style must be one of {list(ROPE_STYLES)}, got {rope_style!r}")
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(
-            "q, k, v must all be [batch, heads, seq, head_dim] with the same shape, got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"q, k, v must share one dtype of {SUPPORTED_DTYPES}, "
-            f"got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
-    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[-1]}")
-    batch, heads, seq, _ = q.shape
-    if batch * heads > MAX_BATCH_HEADS:
-        raise ValueError(f"batch * heads must be <= {MAX_BATCH_HEADS}, got {batch * heads}")
-    if tuple(position_ids.shape) != (batch, seq) or position_ids.dtype not in (
-        torch.int32,
-        torch.int64,
-    ):
-        raise ValueError("position_ids must be int32/int64 [batch, seq] for the kernel")
-    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (batch, seq):
-        raise ValueError("key_padding_mask must be [batch, seq] for the kernel")
-    for t in (q, k, v, position_ids, key_padding_mask):
-        if t is not None and not t.is_contiguous():
-            raise ValueError("the kernel takes contiguous tensors")
-
-
-def _mask_buffer(key_padding_mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    if key_padding_mask is None:
-        return like  # never read: HAS_MASK=False
-    return key_padding_mask.to(torch.int8).contiguous()
-
-
-def _contiguous_halves(position_mode: str, rope_style: str) -> bool:
-    """Split channels as ``(t, t + D/2)``: for the half style, and for "none" (any split of the
-    channels gives the same dot product there; this one reads contiguous memory)."""
-    return rope_style == "half" or position_mode == "none"
-
-
 def _half_pad(head_dim: int) -> int:
     """Width of a pair-half tile: head_dim/2, padded to tl.dot's minimum of 16."""
     return max(head_dim // 2, 16)
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs use exact IEEE products (tf32 would miss a 1e-4 tolerance)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) -> dict:
+    """The constexpr arguments every flash kernel but the delta pre-pass takes."""
+    return dict(
+        HEAD_DIM=head_dim,
+        HALF_PAD=_half_pad(head_dim),
+        HAS_TABLES=a.has_tables,
+        HAS_GAIN=a.has_gain,
+        HALF_LAYOUT=a.half_layout,
+        BIAS_FN=None if a.hook is None else a.hook.bias,
+        CAUSAL=bool(causal),
+        HAS_MASK=a.has_mask,
+        DOT_PRECISION=dot_precision(dtype),
+    )
 
 
 def flash_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    position_ids: torch.Tensor,
-    key_padding_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor | None,
     *,
-    position_mode: str,
     causal: bool,
     scale: float,
-    rope_base: float = 10000.0,
-    rope_style: str = "interleaved",
+    qk_tables=None,
+    bias_hook: str | None = None,
+    bias_params: torch.Tensor | None = None,
     config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel.
 
-    q, k, v: contiguous ``[batch, heads, seq, head_dim]``; position_ids: contiguous int
-    ``[batch, seq]``; key_padding_mask: ``[batch, seq]`` (True = real) or None.
-    Returns ``(out [batch, heads, seq, head_dim], lse [batch * heads, seq] fp32, base 2)``.
+    q, k, v: ``[batch, heads, seq, head_dim]`` (any strides); positions: float32
+    ``[1 or batch, seq]``; key_mask: ``[batch, seq]`` (nonzero = real) or None; qk_tables: an
+    object with ``cos``, ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None; bias_hook:
+    a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor it reads.
+    Returns ``(out [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32,
+    base 2)``.
     """
-    _check_launch_inputs(q, k, v, position_ids, key_padding_mask, position_mode, rope_style)
+    check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
     batch, heads, seq, head_dim = q.shape
+    positions = positions.contiguous()
+    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
     cfg = config or pick_config("forward", head_dim, q.dtype, q.device)
-    out = torch.empty_like(q)
+    out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch * heads, seq), dtype=torch.float32, device=q.device)
-    if seq == 0 or batch * heads == 0:
-        return out, lse
-    cos, sin, gain = rotary_tables(position_ids, head_dim, rope_base, position_mode)
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
     _flash_fwd_kernel[grid](
-        q,
-        k,
-        v,
-        out,
-        lse,
-        position_ids,
-        _mask_buffer(key_padding_mask, position_ids),
-        cos,
-        sin,
-        gain,
-        seq,
-        heads,
-        scale * LOG2E,
-        HEAD_DIM=head_dim,
-        HALF_PAD=_half_pad(head_dim),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        POSITION_MODE=POSITION_MODES[position_mode],
-        ROPE_HALF=_contiguous_halves(position_mode, rope_style),
-        CAUSAL=bool(causal),
-        HAS_MASK=key_padding_mask is not None,
-        DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+        q, k, v, out, lse, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
+        *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
+        seq, heads, scale * LOG2E,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **_switches(a, head_dim, causal, q.dtype),
+    )  # fmt: skip
     return out, lse
 
 
@@ -763,60 +760,67 @@ def flash_attention_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
-    position_ids: torch.Tensor,
-    key_padding_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor | None,
     *,
-    position_mode: str,
     causal: bool,
     scale: float,
-    rope_base: float = 10000.0,
-    rope_style: str = "interleaved",
+    qk_tables=None,
+    bias_hook: str | None = None,
+    bias_params: torch.Tensor | None = None,
+    bias_grad: bool = False,
     configs: dict[str, FlashConfig] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward kernels; returns ``(dq, dk, dv)``, each like q.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Launch the backward kernels; returns ``(dq, dk, dv, dparams)``.
 
-    grad_out and out: ``[batch, heads, seq, head_dim]``; lse from
-    :func:`flash_attention_forward`; the other arguments as given to it. ``configs`` may
+    dq, dk, dv: contiguous, in q's dtype. dparams: the gradient of ``bias_params`` (float32,
+    its shape) if ``bias_grad``, else None. grad_out: like the output, any strides; out and lse
+    from :func:`flash_attention_forward`; the other arguments as given to it. ``configs`` may
     override the block sizes of ``"dkdv"`` and/or ``"dq"``.
     """
-    _check_launch_inputs(q, k, v, position_ids, key_padding_mask, position_mode, rope_style)
+    check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
+    if grad_out.shape != q.shape:
+        raise ValueError(f"grad_out must have shape {tuple(q.shape)}, got {tuple(grad_out.shape)}")
     batch, heads, seq, head_dim = q.shape
-    grad_out = grad_out.contiguous()
+    positions = positions.contiguous()
+    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
+    if bias_grad and (a.hook is None or a.hook.grad is None):
+        raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     configs = dict(configs or {})
     for kernel in ("dkdv", "dq"):
         configs.setdefault(kernel, pick_config(kernel, head_dim, q.dtype, q.device))
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    if seq == 0 or batch * heads == 0:
-        return dq, dk, dv
+    shape, device = (batch, heads, seq, head_dim), q.device
+    dq = torch.empty(shape, dtype=q.dtype, device=device)
+    dk = torch.empty(shape, dtype=q.dtype, device=device)
+    dv = torch.empty(shape, dtype=q.dtype, device=device)
     delta = torch.empty_like(lse)
     _flash_bwd_delta_kernel[(triton.cdiv(seq, 64), batch * heads)](
-        out, grad_out, delta, seq, HEAD_DIM=head_dim, BLOCK_M=64
-    )
-    cos, sin, gain = rotary_tables(position_ids, head_dim, rope_base, position_mode)
-    mask = _mask_buffer(key_padding_mask, position_ids)
-    shared = dict(
-        HEAD_DIM=head_dim,
-        HALF_PAD=_half_pad(head_dim),
-        POSITION_MODE=POSITION_MODES[position_mode],
-        ROPE_HALF=_contiguous_halves(position_mode, rope_style),
-        CAUSAL=bool(causal),
-        HAS_MASK=key_padding_mask is not None,
-        DOT_PRECISION=_dot_precision(q.dtype),
-    )
+        out, grad_out, delta, out.stride(0), out.stride(1), *grad_out.stride(), seq, heads,
+        HEAD_DIM=head_dim, BLOCK_M=64,
+    )  # fmt: skip
+    switches = _switches(a, head_dim, causal, q.dtype)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     cfg = configs["dkdv"]
-    _flash_bwd_dkdv_kernel[(triton.cdiv(seq, cfg.block_n), batch * heads)](
-        q, k, v, grad_out, lse, delta, dk, dv, position_ids, mask, cos, sin, gain,
-        seq, heads, scale, scale * LOG2E,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **shared,
+    num_key_blocks = triton.cdiv(seq, cfg.block_n)
+    grad_width = a.hook.grad_width(cfg.block_n) if bias_grad else 1
+    partials = torch.empty(
+        (batch * heads, num_key_blocks, grad_width) if bias_grad else (1,),
+        dtype=torch.float32,
+        device=device,
+    )
+    _flash_bwd_dkdv_kernel[(num_key_blocks, batch * heads)](
+        q, k, v, grad_out, lse, delta, dk, dv, positions, a.mask, a.cos, a.sin, a.gain,
+        a.bias_params, partials, *strides, seq, heads, scale, scale * LOG2E,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **switches,
     )  # fmt: skip
     cfg = configs["dq"]
     _flash_bwd_dq_kernel[(triton.cdiv(seq, cfg.block_m), batch * heads)](
-        q, k, v, grad_out, lse, delta, dq, position_ids, mask, cos, sin, gain,
-        seq, heads, scale, scale * LOG2E,
+        q, k, v, grad_out, lse, delta, dq, positions, a.mask, a.cos, a.sin, a.gain,
+        a.bias_params, *strides, seq, heads, scale, scale * LOG2E,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **shared,
+        num_stages=cfg.num_stages, **switches,
     )  # fmt: skip
-    return dq, dk, dv
+    dparams = a.hook.reduce_grad(partials, batch, heads) if bias_grad else None
+    return dq, dk, dv, dparams

@@ -1,11 +1,12 @@
-"""Stick-breaking attention (forward and backward), in log space, with optional RoPE and RSE.
+"""Stick-breaking attention (forward and backward), in log space; positions come from the caller.
 
-Tensors q, k, v are ``[batch, heads, seq, head_dim]`` (any strides); ``positions`` is integer
-``[1 or batch, seq]``; ``key_mask`` is ``[batch, seq]`` (nonzero = real token) or absent.
+Tensors q, k, v are ``[batch, heads, seq, head_dim]`` (any strides, see :mod:`.common` for the
+layout convention); ``positions`` is float32 ``[1 or batch, seq]``; ``key_mask`` is
+``[batch, seq]`` (nonzero = real token) or absent.
 
 The function (Tan et al. 2024, "Scaling Stick-Breaking Attention"), for one (batch, head)::
 
-    z_ij   = scale * q'_i . k'_j  -  lambda_h * |p_i - p_j|      (lambda term: RSE only)
+    z_ij   = scale * q'_i . k'_j  +  b_ij                         (b: a score-bias hook, or 0)
     beta   = sigmoid(z)
     A_ij   = beta_ij * prod_{allowed l strictly between j and i} (1 - beta_il)
     out_i  = sum_j A_ij v_j + (1 - sum_j A_ij) v_i                (leftover stick: own value)
@@ -13,9 +14,11 @@ The function (Tan et al. 2024, "Scaling Stick-Breaking Attention"), for one (bat
 Key ``j`` is allowed for query ``i`` iff it is a real token and, causal, ``j < i`` (by index).
 Bidirectional: one stick over the keys left of ``i`` and one over the keys right of it, each broken
 from the nearest key outward and each worth half: ``A_ij = 1/2 * beta_ij * prod(...)``.
-``q' = R(p) q`` and ``k' = R(p) k`` with RoPE (channel pair ``t`` rotated by the angle
-``p * base**(-2t/D)``; the caller passes the cos/sin tables ``[1 or batch, seq, D/2]``), else
-``q' = q``.
+With the caller's q/k tables (``HAS_TABLES``), channel pair ``t`` = ``(x_1, x_2)`` of the token
+at index ``s`` becomes ``g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``g_2 (x_1 sin[s, t] +
+x_2 cos[s, t])`` (``g``: the optional per-channel gain, ``HAS_GAIN``); else ``q' = q``. The
+bias ``b_ij`` is a hook of :mod:`.score_bias` passed in as the constexpr ``BIAS_FN`` (RSE:
+``"linear_distance"``, ``b_ij = -lambda_h |p_i - p_j|``).
 
 Everything is in log space (``log(1 - beta) = -softplus(z)``)::
 
@@ -35,7 +38,8 @@ Backward. With ``g_ij = dO_i . (v_j - v_i)`` (``out_i = v_i + sum_j A_ij (v_j - 
 
     dz_il = G_il (1 - beta_il) - beta_il * F_il,   F_il = sum_{allowed j farther than l} G_ij
     dq'_i = scale sum_l dz_il k'_l        dk'_l = scale sum_i dz_il q'_i
-    dv_j  = sum_i A_ij dO_i  +  (1 - sum_l A_jl) dO_j          dlambda_h = -sum dz_il |p_i - p_l|
+    dv_j  = sum_i A_ij dO_i  +  (1 - sum_l A_jl) dO_j
+    dtheta = sum_il dz_il d b_il / d theta           (a learnable bias tensor theta, e.g. lambda)
 
 ``F`` is a suffix sum in visit order: ``F_il = T_i - P_il`` with ``T_i = sum_j G_ij`` (the row
 total of one stick) and ``P_il`` the sum of ``G`` over the keys at least as near as ``l``.
@@ -45,14 +49,15 @@ total of one stick) and ``P_il`` the sum of ``G`` over the keys at least as near
   (softplus and ``G``) as a checkpoint. Pass B walks them again and accumulates ``dq'``.
 * Column kernel (one program per key block): walks the query blocks; the checkpoints give every
   tile its ``-log`` stick and ``P`` offsets, so each tile is exact on its own. It accumulates
-  ``dk'``, ``dv`` and its part of ``dlambda``.
+  ``dk'``, ``dv`` and, through the hook's ``BIAS_GRAD_FN``, its partial sums of ``dtheta``
+  (reduced with torch after the launch).
 
 Why checkpoints: a program that owns a key block cannot know the ``-log`` stick of a tile (it
 depends on every key between that block and the query) without them; recomputing it would cost
 O(seq^3). Deterministic, no atomics. Besides O(seq) row data, the checkpoints take
 ``2 * sides * seq * ceil(seq / BLOCK)`` fp32 per (batch, head) (``BLOCK`` times smaller than a
 ``seq x seq`` matrix, which never exists). ``A`` is recomputed from q and k, never stored.
-``dq'`` and ``dk'`` are mapped back through the rotation (its transpose) in registers.
+``dq'`` and ``dk'`` are mapped back through the transform (its transpose) in registers.
 
 Precision: across blocks the ``-log`` stick only ever grows by adding nearer terms first. Inside a
 block, the sum over the nearer keys is ``cumsum - softplus(z_j)``, which loses ``eps * |z_j|`` (so
@@ -67,18 +72,18 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import LaunchArgs, _program_setup, check_launch_inputs, dot_precision, prepare_launch
+from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
+
 __all__ = [
-    "SUPPORTED_DTYPES",
-    "SUPPORTED_HEAD_DIMS",
+    "KERNEL_DTYPES",
+    "KERNEL_HEAD_DIMS",
+    "MAX_BATCH_HEADS",
     "StickConfig",
     "pick_config",
     "stick_breaking_backward",
     "stick_breaking_forward",
 ]
-
-SUPPORTED_HEAD_DIMS: tuple[int, ...] = (16, 32, 64, 128)
-SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
-MAX_BATCH_HEADS = 65535  # CUDA's limit on the second grid axis
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,13 +92,13 @@ MAX_BATCH_HEADS = 65535  # CUDA's limit on the second grid axis
 
 
 @triton.jit
-def _rope_layout(HEAD_DIM: tl.constexpr, HALF_STYLE: tl.constexpr):
+def _rope_layout(HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr):
     """Per channel ``d``: its pair partner, its pair index ``t`` and the sign of the partner term.
 
     ``rot(x)[d] = x[d] * cos_t + sign[d] * x[partner[d]] * sin_t``.
     """
     d = tl.arange(0, HEAD_DIM)
-    if HALF_STYLE:
+    if HALF_LAYOUT:
         partner = (d + HEAD_DIM // 2) % HEAD_DIM
         pair = d % (HEAD_DIM // 2)
         sign = tl.where(d < HEAD_DIM // 2, -1.0, 1.0)
@@ -116,20 +121,24 @@ def _load_rotated(
     partner,
     pair,
     sign,
+    gain,
     HEAD_DIM: tl.constexpr,
-    ROPE: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
 ):
-    """A ``[rows, HEAD_DIM]`` tile in fp32 (rows past the end read as 0), rotated if ``ROPE``.
+    """A ``[rows, HEAD_DIM]`` tile in fp32 (rows past the end read as 0), through the tables if
+    ``HAS_TABLES``.
 
-    ``x' = R(p) x``: the tile is loaded twice, at its channels and at their pair partners, and
+    ``x' = g * (R x)``: the tile is loaded twice, at its channels and at their pair partners, and
     combined with per-channel ``cos``/``sin`` read from the tables ``[seq, HEAD_DIM/2]`` at the
-    pair index, so the rotation needs no data movement between channels.
+    pair index (so the transform needs no data movement between channels), then multiplied by
+    the per-channel gain ``g`` if ``HAS_GAIN``.
     """
     d = tl.arange(0, HEAD_DIM)
     row_offs = rows[:, None] * stride_s
     x = tl.load(base + row_offs + d[None, :] * stride_d, mask=row_ok[:, None], other=0.0)
     x = x.to(tl.float32)
-    if ROPE:
+    if HAS_TABLES:
         x_partner = tl.load(
             base + row_offs + partner[None, :] * stride_d, mask=row_ok[:, None], other=0.0
         ).to(tl.float32)
@@ -137,13 +146,15 @@ def _load_rotated(
         cos = tl.load(cos_base + tab, mask=row_ok[:, None], other=1.0)
         sin = tl.load(sin_base + tab, mask=row_ok[:, None], other=0.0)
         x = x * cos + sign[None, :] * x_partner * sin
+        if HAS_GAIN:
+            x = x * gain[None, :]
     return x
 
 
 @triton.jit
-def _swap_pairs(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_STYLE: tl.constexpr):
+def _swap_pairs(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr):
     """The register tile ``x[:, partner(d)]``: each channel exchanged with its pair partner."""
-    if HALF_STYLE:
+    if HALF_LAYOUT:
         halves = tl.permute(tl.reshape(x, [ROWS, 2, HEAD_DIM // 2]), (0, 2, 1))
         low, high = tl.split(halves)
         y = tl.reshape(tl.permute(tl.join(high, low), (0, 2, 1)), [ROWS, HEAD_DIM])
@@ -163,22 +174,27 @@ def _store_unrotated(
     sin_base,
     pair,
     sign,
+    gain,
     ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    ROPE: tl.constexpr,
-    HALF_STYLE: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
 ):
     """Store a gradient w.r.t. ``x'`` as one w.r.t. ``x`` into a contiguous fp32 ``[seq, D]``.
 
-    ``dx = R(p)^T dx'``, i.e. ``dx[d] = dx'[d] * cos_t - sign[d] * dx'[partner[d]] * sin_t``;
-    the partner channels are exchanged in registers.
+    ``dx = R(p)^T (g * dx')``: with ``y = g * dx'``,
+    ``dx[d] = y[d] * cos_t - sign[d] * y[partner[d]] * sin_t``; the partner channels are
+    exchanged in registers.
     """
     d = tl.arange(0, HEAD_DIM)
-    if ROPE:
+    if HAS_TABLES:
+        if HAS_GAIN:
+            grad = grad * gain[None, :]
         tab = rows[:, None] * (HEAD_DIM // 2) + pair[None, :]
         cos = tl.load(cos_base + tab, mask=row_ok[:, None], other=1.0)
         sin = tl.load(sin_base + tab, mask=row_ok[:, None], other=0.0)
-        grad_partner = _swap_pairs(grad, ROWS, HEAD_DIM, HALF_STYLE)
+        grad_partner = _swap_pairs(grad, ROWS, HEAD_DIM, HALF_LAYOUT)
         grad = grad * cos - sign[None, :] * grad_partner * sin
     tl.store(base + rows[:, None] * HEAD_DIM + d[None, :], grad, mask=row_ok[:, None])
 
@@ -199,28 +215,55 @@ def _load_keys(
     partner,
     pair,
     sign,
+    gain,
     seq_len,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    ROPE: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    BIAS_FN: tl.constexpr,
 ):
-    """Key block ``kb``: indices, real-key flags, positions, ``k'`` and ``v`` (input dtype)."""
+    """Key block ``kb``: indices, real-key flags, positions (read only for a score bias), ``k'``
+    and ``v`` (input dtype)."""
     cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < seq_len
     key_ok = col_in
     if HAS_MASK:
         key_ok = key_ok & (tl.load(mask_base + cols, mask=col_in, other=0) != 0)
-    pos_j = tl.load(pos_base + cols, mask=col_in, other=0)
+    if BIAS_FN is not None:
+        pos_j = tl.load(pos_base + cols, mask=col_in, other=0.0)
+    else:
+        pos_j = tl.zeros([BLOCK_N], dtype=tl.float32)
     k = _load_rotated(
-        k_base, cols, col_in, stride_ks, stride_kd, cos_base, sin_base, partner, pair, sign,
-        HEAD_DIM, ROPE,
+        k_base, cols, col_in, stride_ks, stride_kd, cos_base, sin_base, partner, pair, sign, gain,
+        HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(k_base.dtype.element_ty)  # fmt: skip
     d = tl.arange(0, HEAD_DIM)
     v = tl.load(
         v_base + cols[:, None] * stride_vs + d[None, :] * stride_vd, mask=col_in[:, None], other=0.0
     )
     return cols, key_ok, pos_j, k, v
+
+
+@triton.jit
+def _channel_gain(gain_ptr, HEAD_DIM: tl.constexpr, HAS_GAIN: tl.constexpr):
+    """The per-channel gain ``[HEAD_DIM]`` (never loaded, and unused, without a gain)."""
+    if HAS_GAIN:
+        gain = tl.load(gain_ptr + tl.arange(0, HEAD_DIM))
+    else:
+        gain = 1.0
+    return gain
+
+
+@triton.jit
+def _row_positions(pos_base, rows, row_ok, ROWS: tl.constexpr, BIAS_FN: tl.constexpr):
+    """The positions of ``rows`` (float32), read only when a score bias needs them."""
+    if BIAS_FN is not None:
+        pos = tl.load(pos_base + rows, mask=row_ok, other=0.0)
+    else:
+        pos = tl.zeros([ROWS], dtype=tl.float32)
+    return pos
 
 
 @triton.jit
@@ -235,10 +278,10 @@ def _stick_tile(
     pos_j,
     log_stick,
     scale,
-    lam,
+    bias_params,
     LEFT: tl.constexpr,
     CAUSAL: tl.constexpr,
-    HAS_PENALTY: tl.constexpr,
+    BIAS_FN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """One ``[rows, cols]`` tile of one stick.
@@ -248,8 +291,10 @@ def _stick_tile(
     not allowed), the weights ``A`` and ``beta = sigmoid(z)`` (both 0 where not allowed).
     """
     z = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-    if HAS_PENALTY:
-        z -= lam * tl.abs(pos_i[:, None] - pos_j[None, :]).to(tl.float32)
+    if BIAS_FN is not None:  # the score-bias hook, natural units
+        z += BIAS_FN(
+            rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :], bias_params, False
+        )
     if LEFT:
         side = cols[None, :] < rows[:, None]
     else:
@@ -267,17 +312,6 @@ def _stick_tile(
     a = tl.where(allowed, tl.exp(log_a), 0.0)
     beta = tl.where(allowed, tl.exp(log_beta), 0.0)
     return allowed, sp, a, beta
-
-
-@triton.jit
-def _program_ids(num_heads, REVERSED: tl.constexpr):
-    """(block index, flat batch*head, batch, head); the block axis reversed if ``REVERSED``."""
-    if REVERSED:  # causal rows: the last blocks have the most work, so they start first
-        blk = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        blk = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    return blk, bh, bh // num_heads, bh % num_heads
 
 
 # --------------------------------------------------------------------------------------------
@@ -307,17 +341,19 @@ def _forward_one_stick(
     partner,
     pair,
     sign,
+    gain,
     seq_len,
     scale,
-    lam,
+    bias_params,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     LEFT: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    HAS_PENALTY: tl.constexpr,
-    ROPE: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Add one stick's ``sum_j A_ij v_j`` to ``acc`` and ``sum_j A_ij`` to ``mass``."""
@@ -336,11 +372,12 @@ def _forward_one_stick(
             kb = first + step
         cols, key_ok, pos_j, k, v = _load_keys(
             kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, partner, pair, sign, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK, ROPE,
+            stride_vs, stride_vd, partner, pair, sign, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
+            HAS_TABLES, HAS_GAIN, BIAS_FN,
         )  # fmt: skip
         _allowed, sp, a, _beta = _stick_tile(
-            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, lam,
-            LEFT, CAUSAL, HAS_PENALTY, DOT_PRECISION,
+            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, bias_params,
+            LEFT, CAUSAL, BIAS_FN, DOT_PRECISION,
         )  # fmt: skip
         acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PRECISION)
         mass += tl.sum(a, axis=1)
@@ -357,9 +394,10 @@ def _stick_fwd_kernel(
     mass_ptr,
     pos_ptr,
     mask_ptr,
-    penalty_ptr,
     cos_ptr,
     sin_ptr,
+    gain_ptr,
+    bias_ptr,
     stride_qb,
     stride_qh,
     stride_qs,
@@ -372,8 +410,12 @@ def _stick_fwd_kernel(
     stride_vh,
     stride_vs,
     stride_vd,
+    stride_ob,
+    stride_oh,
     stride_pos_b,
     stride_tab_b,
+    stride_bias_b,
+    stride_bias_h,
     num_heads,
     seq_len,
     scale,
@@ -382,49 +424,52 @@ def _stick_fwd_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    HAS_PENALTY: tl.constexpr,
-    ROPE: tl.constexpr,
-    HALF_STYLE: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_m, bh, b, h = _program_ids(num_heads, CAUSAL)
+    pid_m, bh, q_base, k_base, v_base, out_base, pos_base, mask_base, cos_base, sin_base, bias = (
+        _program_setup(
+            q_ptr, k_ptr, v_ptr, out_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, bias_ptr,
+            stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob,
+            stride_oh, stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads,
+            seq_len, CAUSAL,
+        )
+    )  # fmt: skip
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
-    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_STYLE)
-    pos_base = pos_ptr + b * stride_pos_b
-    mask_base = mask_ptr + b * seq_len
-    cos_base = cos_ptr + b * stride_tab_b
-    sin_base = sin_ptr + b * stride_tab_b
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_vb + h * stride_vh
-    pos_i = tl.load(pos_base + rows, mask=row_ok, other=0)
-    lam = tl.load(penalty_ptr + h)
+    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_LAYOUT)
+    gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
+    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN)
     q = _load_rotated(
-        q_ptr + b * stride_qb + h * stride_qh, rows, row_ok, stride_qs, stride_qd, cos_base,
-        sin_base, partner, pair, sign, HEAD_DIM, ROPE,
+        q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, partner, pair, sign,
+        gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(q_ptr.dtype.element_ty)  # fmt: skip
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     mass = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, mass = _forward_one_stick(
         acc, mass, q, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base, cos_base,
-        sin_base, stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, seq_len, scale,
-        lam, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, HAS_MASK, HAS_PENALTY, ROPE, DOT_PRECISION,
+        sin_base, stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, gain,
+        seq_len, scale, bias, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, HAS_MASK, BIAS_FN,
+        HAS_TABLES, HAS_GAIN, DOT_PRECISION,
     )  # fmt: skip
     if not CAUSAL:
         acc, mass = _forward_one_stick(
             acc, mass, q, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
             cos_base, sin_base, stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign,
-            seq_len, scale, lam, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, HAS_MASK, HAS_PENALTY,
-            ROPE, DOT_PRECISION,
+            gain, seq_len, scale, bias, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, HAS_MASK,
+            BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
         )  # fmt: skip
 
     v_own = tl.load(
         v_base + rows[:, None] * stride_vs + d[None, :] * stride_vd, mask=row_ok[:, None], other=0.0
     ).to(tl.float32)
     out = acc + (1.0 - mass)[:, None] * v_own  # the leftover stick goes to the own value
-    out_ptrs = out_ptr + bh * seq_len * HEAD_DIM + rows[:, None] * HEAD_DIM + d[None, :]
+    out_ptrs = out_base + rows[:, None] * HEAD_DIM + d[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     tl.store(mass_ptr + bh * seq_len + rows, mass, mask=row_ok)
 
@@ -460,16 +505,18 @@ def _backward_rows_one_stick(
     partner,
     pair,
     sign,
+    gain,
     seq_len,
     scale,
-    lam,
+    bias_params,
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,
     LEFT: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    HAS_PENALTY: tl.constexpr,
-    ROPE: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """One stick of a query block: store its checkpoints and row totals, add its part of dq'."""
@@ -491,11 +538,12 @@ def _backward_rows_one_stick(
         tl.store(ckpt_g_base + kb * seq_len + rows, g_sum, mask=row_ok)
         cols, key_ok, pos_j, k, v = _load_keys(
             kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, partner, pair, sign, seq_len, HEAD_DIM, BLOCK, HAS_MASK, ROPE,
+            stride_vs, stride_vd, partner, pair, sign, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
+            HAS_TABLES, HAS_GAIN, BIAS_FN,
         )  # fmt: skip
         _allowed, sp, a, _beta = _stick_tile(
-            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, lam,
-            LEFT, CAUSAL, HAS_PENALTY, DOT_PRECISION,
+            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, bias_params,
+            LEFT, CAUSAL, BIAS_FN, DOT_PRECISION,
         )  # fmt: skip
         g = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None]
         log_stick += tl.sum(sp, axis=1)
@@ -513,11 +561,12 @@ def _backward_rows_one_stick(
             kb = pid_m + step
         cols, key_ok, pos_j, k, v = _load_keys(
             kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, partner, pair, sign, seq_len, HEAD_DIM, BLOCK, HAS_MASK, ROPE,
+            stride_vs, stride_vd, partner, pair, sign, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
+            HAS_TABLES, HAS_GAIN, BIAS_FN,
         )  # fmt: skip
         allowed, sp, a, beta = _stick_tile(
-            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, lam,
-            LEFT, CAUSAL, HAS_PENALTY, DOT_PRECISION,
+            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, bias_params,
+            LEFT, CAUSAL, BIAS_FN, DOT_PRECISION,
         )  # fmt: skip
         ga = a * (tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None])
         # P_il: G summed over the keys at least as near to the query as l.
@@ -543,9 +592,10 @@ def _stick_bwd_rows_kernel(
     ckpt_g_ptr,
     pos_ptr,
     mask_ptr,
-    penalty_ptr,
     cos_ptr,
     sin_ptr,
+    gain_ptr,
+    bias_ptr,
     stride_qb,
     stride_qh,
     stride_qs,
@@ -564,6 +614,8 @@ def _stick_bwd_rows_kernel(
     stride_dod,
     stride_pos_b,
     stride_tab_b,
+    stride_bias_b,
+    stride_bias_h,
     num_heads,
     seq_len,
     scale,
@@ -571,30 +623,32 @@ def _stick_bwd_rows_kernel(
     BLOCK: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    HAS_PENALTY: tl.constexpr,
-    ROPE: tl.constexpr,
-    HALF_STYLE: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_m, bh, b, h = _program_ids(num_heads, CAUSAL)
+    pid_m, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base, bias = (
+        _program_setup(
+            q_ptr, k_ptr, v_ptr, do_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, bias_ptr,
+            stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_dob,
+            stride_doh, stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads,
+            seq_len, CAUSAL,
+        )
+    )  # fmt: skip
     num_kb = tl.cdiv(seq_len, BLOCK)
     rows = pid_m * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
-    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_STYLE)
-    pos_base = pos_ptr + b * stride_pos_b
-    mask_base = mask_ptr + b * seq_len
-    cos_base = cos_ptr + b * stride_tab_b
-    sin_base = sin_ptr + b * stride_tab_b
-    k_base = k_ptr + b * stride_kb + h * stride_kh
-    v_base = v_ptr + b * stride_vb + h * stride_vh
-    pos_i = tl.load(pos_base + rows, mask=row_ok, other=0)
-    lam = tl.load(penalty_ptr + h)
+    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_LAYOUT)
+    gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
+    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK, BIAS_FN)
     q = _load_rotated(
-        q_ptr + b * stride_qb + h * stride_qh, rows, row_ok, stride_qs, stride_qd, cos_base,
-        sin_base, partner, pair, sign, HEAD_DIM, ROPE,
+        q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, partner, pair, sign,
+        gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(q_ptr.dtype.element_ty)  # fmt: skip
-    do_ptrs = do_ptr + b * stride_dob + h * stride_doh + rows[:, None] * stride_dos
+    do_ptrs = do_base + rows[:, None] * stride_dos
     do = tl.load(do_ptrs + d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     v_own = tl.load(
         v_base + rows[:, None] * stride_vs + d[None, :] * stride_vd, mask=row_ok[:, None], other=0.0
@@ -613,25 +667,27 @@ def _stick_bwd_rows_kernel(
         dq, q, do, delta, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
         cos_base, sin_base, ckpt_sp_ptr + bh * sides * ckpt_stride,
         ckpt_g_ptr + bh * sides * ckpt_stride, total_ptr + bh * sides * seq_len,
-        stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, seq_len, scale, lam,
-        HEAD_DIM, BLOCK, True, CAUSAL, HAS_MASK, HAS_PENALTY, ROPE, DOT_PRECISION,
+        stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, gain, seq_len, scale,
+        bias, HEAD_DIM, BLOCK, True, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
+        DOT_PRECISION,
     )  # fmt: skip
     if not CAUSAL:
         dq = _backward_rows_one_stick(
             dq, q, do, delta, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
             cos_base, sin_base, ckpt_sp_ptr + (bh * 2 + 1) * ckpt_stride,
             ckpt_g_ptr + (bh * 2 + 1) * ckpt_stride, total_ptr + (bh * 2 + 1) * seq_len,
-            stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, seq_len, scale, lam,
-            HEAD_DIM, BLOCK, False, CAUSAL, HAS_MASK, HAS_PENALTY, ROPE, DOT_PRECISION,
+            stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, gain, seq_len,
+            scale, bias, HEAD_DIM, BLOCK, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
+            DOT_PRECISION,
         )  # fmt: skip
     _store_unrotated(
         dq_ptr + bh * seq_len * HEAD_DIM, rows, row_ok, dq * scale, cos_base, sin_base, pair,
-        sign, BLOCK, HEAD_DIM, ROPE, HALF_STYLE,
+        sign, gain, BLOCK, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
-# Backward: column kernel (dk, dv, dlambda)
+# Backward: column kernel (dk, dv, the score bias's parameter gradient)
 # --------------------------------------------------------------------------------------------
 
 
@@ -639,7 +695,7 @@ def _stick_bwd_rows_kernel(
 def _backward_cols_one_stick(
     dk,
     dv,
-    dlam,
+    dbias,
     k,
     v,
     cols,
@@ -662,15 +718,18 @@ def _backward_cols_one_stick(
     partner,
     pair,
     sign,
+    gain,
     seq_len,
     scale,
-    lam,
+    bias_params,
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,
     LEFT: tl.constexpr,
     CAUSAL: tl.constexpr,
-    HAS_PENALTY: tl.constexpr,
-    ROPE: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    BIAS_GRAD_FN: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """One stick's contribution of every query block to the key block ``pid_n``.
@@ -689,10 +748,10 @@ def _backward_cols_one_stick(
     for m in range(lo, hi):
         rows = m * BLOCK + tl.arange(0, BLOCK)
         row_ok = rows < seq_len
-        pos_i = tl.load(pos_base + rows, mask=row_ok, other=0)
+        pos_i = _row_positions(pos_base, rows, row_ok, BLOCK, BIAS_FN)
         q = _load_rotated(
             q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, partner, pair, sign,
-            HEAD_DIM, ROPE,
+            gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
         ).to(k.dtype)  # fmt: skip
         do = tl.load(
             do_base + rows[:, None] * stride_dos + d[None, :] * stride_dod,
@@ -704,8 +763,8 @@ def _backward_cols_one_stick(
         log_stick = tl.load(ckpt_sp_base + pid_n * seq_len + rows, mask=row_ok, other=0.0)
         g_before = tl.load(ckpt_g_base + pid_n * seq_len + rows, mask=row_ok, other=0.0)
         allowed, _sp, a, beta = _stick_tile(
-            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, lam,
-            LEFT, CAUSAL, HAS_PENALTY, DOT_PRECISION,
+            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, bias_params,
+            LEFT, CAUSAL, BIAS_FN, DOT_PRECISION,
         )  # fmt: skip
         ga = a * (tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None])
         near_or_at = g_before[:, None] + tl.cumsum(ga, axis=1, reverse=LEFT)
@@ -713,10 +772,12 @@ def _backward_cols_one_stick(
         dz = tl.where(allowed, dz, 0.0)
         dk += tl.dot(tl.trans(dz.to(k.dtype)), q, input_precision=DOT_PRECISION)
         dv += tl.dot(tl.trans(a.to(k.dtype)), do, input_precision=DOT_PRECISION)
-        if HAS_PENALTY:
-            distance = tl.abs(pos_i[:, None] - pos_j[None, :]).to(tl.float32)
-            dlam -= tl.sum(dz * distance, axis=0)
-    return dk, dv, dlam
+        if BIAS_GRAD_FN is not None:  # queries are axis 0 of these tiles
+            dbias = BIAS_GRAD_FN(
+                dbias, dz, rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :],
+                bias_params, 0,
+            )  # fmt: skip
+    return dk, dv, dbias
 
 
 @triton.jit
@@ -727,7 +788,7 @@ def _stick_bwd_cols_kernel(
     do_ptr,
     dk_ptr,
     dv_ptr,
-    dlam_ptr,
+    dbias_ptr,
     mass_ptr,
     delta_ptr,
     total_ptr,
@@ -735,9 +796,10 @@ def _stick_bwd_cols_kernel(
     ckpt_g_ptr,
     pos_ptr,
     mask_ptr,
-    penalty_ptr,
     cos_ptr,
     sin_ptr,
+    gain_ptr,
+    bias_ptr,
     stride_qb,
     stride_qh,
     stride_qs,
@@ -756,6 +818,8 @@ def _stick_bwd_cols_kernel(
     stride_dod,
     stride_pos_b,
     stride_tab_b,
+    stride_bias_b,
+    stride_bias_h,
     num_heads,
     seq_len,
     scale,
@@ -763,27 +827,32 @@ def _stick_bwd_cols_kernel(
     BLOCK: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
-    HAS_PENALTY: tl.constexpr,
-    ROPE: tl.constexpr,
-    HALF_STYLE: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    BIAS_GRAD_FN: tl.constexpr,
+    GRAD_WIDTH: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_n, bh, b, h = _program_ids(num_heads, False)
+    pid_n, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base, bias = (
+        _program_setup(
+            q_ptr, k_ptr, v_ptr, do_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, bias_ptr,
+            stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_dob,
+            stride_doh, stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads,
+            seq_len, False,
+        )
+    )  # fmt: skip
     num_kb = tl.cdiv(seq_len, BLOCK)
     d = tl.arange(0, HEAD_DIM)
-    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_STYLE)
-    pos_base = pos_ptr + b * stride_pos_b
-    cos_base = cos_ptr + b * stride_tab_b
-    sin_base = sin_ptr + b * stride_tab_b
+    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_LAYOUT)
+    gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
     cols, key_ok, pos_j, k, v = _load_keys(
-        pid_n, k_ptr + b * stride_kb + h * stride_kh, v_ptr + b * stride_vb + h * stride_vh,
-        mask_ptr + b * seq_len, pos_base, cos_base, sin_base, stride_ks, stride_kd, stride_vs,
-        stride_vd, partner, pair, sign, seq_len, HEAD_DIM, BLOCK, HAS_MASK, ROPE,
+        pid_n, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
+        stride_vs, stride_vd, partner, pair, sign, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
+        HAS_TABLES, HAS_GAIN, BIAS_FN,
     )  # fmt: skip
     col_in = cols < seq_len
-    lam = tl.load(penalty_ptr + h)
-    q_base = q_ptr + b * stride_qb + h * stride_qh
-    do_base = do_ptr + b * stride_dob + h * stride_doh
 
     if CAUSAL:
         sides = 1
@@ -792,21 +861,23 @@ def _stick_bwd_cols_kernel(
     ckpt_stride = num_kb * seq_len
     dk = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
-    dlam = tl.zeros([BLOCK], dtype=tl.float32)
-    dk, dv, dlam = _backward_cols_one_stick(
-        dk, dv, dlam, k, v, cols, key_ok, pos_j, pid_n, q_base, do_base, pos_base, cos_base,
+    dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)  # unused without BIAS_GRAD_FN
+    dk, dv, dbias = _backward_cols_one_stick(
+        dk, dv, dbias, k, v, cols, key_ok, pos_j, pid_n, q_base, do_base, pos_base, cos_base,
         sin_base, delta_ptr + bh * seq_len, ckpt_sp_ptr + bh * sides * ckpt_stride,
         ckpt_g_ptr + bh * sides * ckpt_stride, total_ptr + bh * sides * seq_len,
-        stride_qs, stride_qd, stride_dos, stride_dod, partner, pair, sign, seq_len, scale, lam,
-        HEAD_DIM, BLOCK, True, CAUSAL, HAS_PENALTY, ROPE, DOT_PRECISION,
+        stride_qs, stride_qd, stride_dos, stride_dod, partner, pair, sign, gain, seq_len, scale,
+        bias, HEAD_DIM, BLOCK, True, CAUSAL, BIAS_FN, BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN,
+        DOT_PRECISION,
     )  # fmt: skip
     if not CAUSAL:
-        dk, dv, dlam = _backward_cols_one_stick(
-            dk, dv, dlam, k, v, cols, key_ok, pos_j, pid_n, q_base, do_base, pos_base, cos_base,
-            sin_base, delta_ptr + bh * seq_len, ckpt_sp_ptr + (bh * 2 + 1) * ckpt_stride,
-            ckpt_g_ptr + (bh * 2 + 1) * ckpt_stride, total_ptr + (bh * 2 + 1) * seq_len,
-            stride_qs, stride_qd, stride_dos, stride_dod, partner, pair, sign, seq_len, scale,
-            lam, HEAD_DIM, BLOCK, False, CAUSAL, HAS_PENALTY, ROPE, DOT_PRECISION,
+        dk, dv, dbias = _backward_cols_one_stick(
+            dk, dv, dbias, k, v, cols, key_ok, pos_j, pid_n, q_base, do_base, pos_base,
+            cos_base, sin_base, delta_ptr + bh * seq_len,
+            ckpt_sp_ptr + (bh * 2 + 1) * ckpt_stride, ckpt_g_ptr + (bh * 2 + 1) * ckpt_stride,
+            total_ptr + (bh * 2 + 1) * seq_len, stride_qs, stride_qd, stride_dos, stride_dod,
+            partner, pair, sign, gain, seq_len, scale, bias, HEAD_DIM, BLOCK, False, CAUSAL,
+            BIAS_FN, BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
         )  # fmt: skip
 
     # These keys are queries too: the leftover of their own stick came from their own value.
@@ -820,11 +891,13 @@ def _stick_bwd_cols_kernel(
 
     _store_unrotated(
         dk_ptr + bh * seq_len * HEAD_DIM, cols, col_in, dk * scale, cos_base, sin_base, pair,
-        sign, BLOCK, HEAD_DIM, ROPE, HALF_STYLE,
+        sign, gain, BLOCK, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
     )  # fmt: skip
     dv_ptrs = dv_ptr + bh * seq_len * HEAD_DIM + cols[:, None] * HEAD_DIM + d[None, :]
     tl.store(dv_ptrs, dv, mask=col_in[:, None])
-    tl.store(dlam_ptr + bh * num_kb + pid_n, tl.sum(dlam, axis=0))
+    if BIAS_GRAD_FN is not None:
+        slot = (bh * num_kb + pid_n) * GRAD_WIDTH
+        tl.store(dbias_ptr + slot + tl.arange(0, GRAD_WIDTH), dbias)
 
 
 # --------------------------------------------------------------------------------------------
@@ -864,88 +937,18 @@ def pick_config(head_dim: int, device: torch.device, block: int | None = None) -
     return StickConfig(64, 64, 64, 8 if wide else 4, 8 if head_dim >= 64 else 4)
 
 
-def _check_launch_inputs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    key_mask: torch.Tensor | None,
-    penalty: torch.Tensor | None,
-    rope_tables: tuple[torch.Tensor, torch.Tensor] | None,
-) -> None:
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(
-            "q, k, v must share one shape [batch, heads, seq, head_dim], got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"q, k, v must share one dtype of {list(SUPPORTED_DTYPES)}, got "
-            f"{q.dtype}, {k.dtype}, {v.dtype}"
-        )
-    batch, heads, seq, head_dim = q.shape
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(
-            f"the stick-breaking kernel supports head_dim in {list(SUPPORTED_HEAD_DIMS)}, "
-            f"got {head_dim}"
-        )
-    if seq < 1:
-        raise ValueError(f"seq must be >= 1, got {seq}")
-    if batch * heads > MAX_BATCH_HEADS:
-        raise ValueError(f"batch * heads must be <= {MAX_BATCH_HEADS}, got {batch * heads}")
-    if positions.dtype != torch.int64 or positions.dim() != 2 or positions.shape[1] != seq:
-        raise ValueError(
-            f"positions must be int64 [1 or batch, {seq}], got {positions.dtype} "
-            f"{tuple(positions.shape)}"
-        )
-    if positions.shape[0] not in (1, batch) or not positions.is_contiguous():
-        raise ValueError(f"positions must be contiguous [1 or {batch}, {seq}]")
-    if key_mask is not None and (
-        tuple(key_mask.shape) != (batch, seq) or not key_mask.is_contiguous()
-    ):
-        raise ValueError(
-            f"key_mask must be contiguous [{batch}, {seq}], got {tuple(key_mask.shape)}"
-        )
-    if penalty is not None and (tuple(penalty.shape) != (heads,) or penalty.dtype != torch.float32):
-        raise ValueError(
-            f"penalty must be float32 [{heads}], got {penalty.dtype} {tuple(penalty.shape)}"
-        )
-    if rope_tables is not None:
-        for table in rope_tables:
-            if (
-                table.dtype != torch.float32
-                or table.dim() != 3
-                or table.shape[0] not in (1, batch)
-                or tuple(table.shape[1:]) != (seq, head_dim // 2)
-                or not table.is_contiguous()
-            ):
-                raise ValueError(
-                    f"rope tables must be contiguous float32 [1 or {batch}, {seq}, {head_dim // 2}]"
-                )
-
-
-def _common_args(
-    q: torch.Tensor,
-    positions: torch.Tensor,
-    key_mask: torch.Tensor | None,
-    penalty: torch.Tensor | None,
-    rope_tables: tuple[torch.Tensor, torch.Tensor] | None,
-) -> tuple:
-    """Placeholders for absent inputs (never read: their ``HAS_*`` switch is off)."""
-    dummy_f = torch.zeros(1, dtype=torch.float32, device=q.device)
-    mask = key_mask if key_mask is not None else torch.ones(1, dtype=torch.int8, device=q.device)
-    lam = (
-        penalty
-        if penalty is not None
-        else torch.zeros(q.shape[1], dtype=torch.float32, device=q.device)
-    )
-    if rope_tables is not None:
-        cos, sin = rope_tables
-        stride_tab_b = 0 if cos.shape[0] == 1 else cos.stride(0)
-    else:
-        cos, sin, stride_tab_b = dummy_f, dummy_f, 0
-    stride_pos_b = 0 if positions.shape[0] == 1 else positions.stride(0)
-    return mask, lam, cos, sin, stride_pos_b, stride_tab_b
+def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) -> dict:
+    """The constexpr arguments every stick-breaking kernel takes."""
+    return {
+        "HEAD_DIM": head_dim,
+        "CAUSAL": bool(causal),
+        "HAS_MASK": a.has_mask,
+        "BIAS_FN": None if a.hook is None else a.hook.bias,
+        "HAS_TABLES": a.has_tables,
+        "HAS_GAIN": a.has_gain,
+        "HALF_LAYOUT": a.half_layout,
+        "DOT_PRECISION": dot_precision(dtype),
+    }
 
 
 def stick_breaking_forward(
@@ -954,41 +957,39 @@ def stick_breaking_forward(
     v: torch.Tensor,
     positions: torch.Tensor,
     key_mask: torch.Tensor | None,
-    penalty: torch.Tensor | None,
-    rope_tables: tuple[torch.Tensor, torch.Tensor] | None,
     *,
     causal: bool,
     scale: float,
-    half_style: bool = False,
+    qk_tables=None,
+    bias_hook: str | None = None,
+    bias_params: torch.Tensor | None = None,
     block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stick-breaking attention forward (see the module docstring for the function).
 
-    Args: q, k, v ``[batch, heads, seq, head_dim]`` (one dtype); positions int64
-    ``[1 or batch, seq]``; key_mask int8/bool ``[batch, seq]`` or None; penalty float32
-    ``[heads]`` (lambda) or None; rope_tables ``(cos, sin)`` float32 ``[1 or batch, seq, D/2]``
-    or None (no rotation); half_style: pairs ``(t, t+D/2)`` instead of ``(2t, 2t+1)``.
+    Args: q, k, v ``[batch, heads, seq, head_dim]`` (one dtype, any strides); positions float32
+    ``[1 or batch, seq]``; key_mask ``[batch, seq]`` (nonzero = real) or None; qk_tables: an
+    object with ``cos``, ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None (``q' = q``);
+    bias_hook: a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor
+    it reads; block: force every tile to this size (a power of two >= 16).
 
     Returns ``out`` ``[batch, heads, seq, head_dim]`` (input dtype, contiguous) and the row mass
     ``sum_j A_ij`` ``[batch, heads, seq]`` (float32), which the backward needs.
     """
-    _check_launch_inputs(q, k, v, positions, key_mask, penalty, rope_tables)
+    check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
     batch, heads, seq, head_dim = q.shape
+    positions = positions.contiguous()
+    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
     cfg = pick_config(head_dim, q.device, block)
-    mask, lam, cos, sin, stride_pos_b, stride_tab_b = _common_args(
-        q, positions, key_mask, penalty, rope_tables
-    )
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     mass = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
     _stick_fwd_kernel[grid](
-        q, k, v, out, mass, positions, mask, lam, cos, sin,
-        *q.stride(), *k.stride(), *v.stride(),
-        stride_pos_b, stride_tab_b, heads, seq, float(scale),
-        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
-        HAS_MASK=key_mask is not None, HAS_PENALTY=penalty is not None,
-        ROPE=rope_tables is not None, HALF_STYLE=bool(half_style),
-        DOT_PRECISION=_dot_precision(q.dtype), num_warps=cfg.num_warps,
+        q, k, v, out, mass, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
+        *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
+        heads, seq, float(scale),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        **_switches(a, head_dim, causal, q.dtype),
     )  # fmt: skip
     return out, mass
 
@@ -1001,30 +1002,34 @@ def stick_breaking_backward(
     mass: torch.Tensor,
     positions: torch.Tensor,
     key_mask: torch.Tensor | None,
-    penalty: torch.Tensor | None,
-    rope_tables: tuple[torch.Tensor, torch.Tensor] | None,
     *,
     causal: bool,
     scale: float,
-    half_style: bool = False,
+    qk_tables=None,
+    bias_hook: str | None = None,
+    bias_params: torch.Tensor | None = None,
+    bias_grad: bool = False,
     block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Gradients of :func:`stick_breaking_forward` w.r.t. q, k, v (float32, ``[B, H, S, D]``) and
-    lambda (float32 ``[heads]``, None without a penalty). Same arguments, plus ``grad_out`` (like
-    the output, any strides) and the forward's ``mass``.
+    """Gradients of :func:`stick_breaking_forward`: ``(dq, dk, dv, dparams)``.
+
+    dq, dk, dv: float32 contiguous ``[batch, heads, seq, head_dim]``; dparams: the gradient of
+    ``bias_params`` (float32, its shape) if ``bias_grad``, else None. Same arguments as the
+    forward, plus ``grad_out`` (like the output, any strides) and the forward's ``mass``.
     """
-    _check_launch_inputs(q, k, v, positions, key_mask, penalty, rope_tables)
+    check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
     if grad_out.shape != q.shape:
         raise ValueError(f"grad_out must have shape {tuple(q.shape)}, got {tuple(grad_out.shape)}")
-    grad_out = grad_out.to(q.dtype)
     batch, heads, seq, head_dim = q.shape
+    positions = positions.contiguous()
+    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
+    if bias_grad and (a.hook is None or a.hook.grad is None):
+        raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
+    grad_out = grad_out.to(q.dtype)
     cfg = pick_config(head_dim, q.device, block)
     block = cfg.block_bwd
     num_blocks = triton.cdiv(seq, block)
     sides = 1 if causal else 2
-    mask, lam, cos, sin, stride_pos_b, stride_tab_b = _common_args(
-        q, positions, key_mask, penalty, rope_tables
-    )
     f32 = {"dtype": torch.float32, "device": q.device}
     dq = torch.empty((batch, heads, seq, head_dim), **f32)
     dk = torch.empty((batch, heads, seq, head_dim), **f32)
@@ -1033,33 +1038,21 @@ def stick_breaking_backward(
     total = torch.empty((batch * heads, sides, seq), **f32)
     ckpt_sp = torch.empty((batch * heads, sides, num_blocks, seq), **f32)
     ckpt_g = torch.empty((batch * heads, sides, num_blocks, seq), **f32)
-    dlam = torch.empty((batch * heads, num_blocks), **f32)
-    switches = {
-        "HEAD_DIM": head_dim,
-        "BLOCK": block,
-        "CAUSAL": bool(causal),
-        "HAS_MASK": key_mask is not None,
-        "HAS_PENALTY": penalty is not None,
-        "ROPE": rope_tables is not None,
-        "HALF_STYLE": bool(half_style),
-        "DOT_PRECISION": _dot_precision(q.dtype),
-        "num_warps": cfg.bwd_warps,
-    }
+    grad_width = a.hook.grad_width(block) if bias_grad else 1
+    partials = torch.empty((batch * heads, num_blocks, grad_width) if bias_grad else (1,), **f32)
+    switches = _switches(a, head_dim, causal, q.dtype)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
+    tables = (positions, a.mask, a.cos, a.sin, a.gain, a.bias_params)
     grid = (num_blocks, batch * heads)
     _stick_bwd_rows_kernel[grid](
-        q, k, v, grad_out, dq, delta, total, ckpt_sp, ckpt_g, positions, mask, lam, cos, sin,
-        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(),
-        stride_pos_b, stride_tab_b, heads, seq, float(scale), **switches,
+        q, k, v, grad_out, dq, delta, total, ckpt_sp, ckpt_g, *tables, *strides,
+        heads, seq, float(scale), BLOCK=block, num_warps=cfg.bwd_warps, **switches,
     )  # fmt: skip
     _stick_bwd_cols_kernel[grid](
-        q, k, v, grad_out, dk, dv, dlam, mass, delta, total, ckpt_sp, ckpt_g, positions, mask,
-        lam, cos, sin, *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(),
-        stride_pos_b, stride_tab_b, heads, seq, float(scale), **switches,
+        q, k, v, grad_out, dk, dv, partials, mass, delta, total, ckpt_sp, ckpt_g, *tables,
+        *strides, heads, seq, float(scale), BLOCK=block,
+        BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
+        num_warps=cfg.bwd_warps, **switches,
     )  # fmt: skip
-    dpenalty = dlam.view(batch, heads, num_blocks).sum(dim=(0, 2)) if penalty is not None else None
-    return dq, dk, dv, dpenalty
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs use exact IEEE products (tf32 would miss a 1e-4 tolerance)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    dparams = a.hook.reduce_grad(partials, batch, heads) if bias_grad else None
+    return dq, dk, dv, dparams

@@ -1,11 +1,13 @@
-"""The fused flash-attention kernels against the PyTorch reference, forward and backward.
+"""The fused flash-attention kernels against a direct float64 formula, forward and backward.
+
+The kernels take their position machinery from the caller: per-token q/k tables
+(``QKTables``) and a named score-bias hook (``ScoreBias``). The tests build both with plain torch
+(RoPE angles, ExpoSB's amplitude and band gain) and compare ``course_lib.flash_ops.flash_attention``
+with the formula written out below: outputs and the gradients of q, k, v and ``per_head``.
 
 Without a GPU the kernels run in Triton's CPU interpreter: fp32 (and one fp16 case), head_dim
 16 and 32, small ragged shapes. On a CUDA machine the same cases also run compiled in
 fp32/fp16/bf16 with head_dim 64 and 128.
-
-Every case is compared with ``course_lib.attention.attention(..., backend="reference")`` and with
-a direct float64 formula written below, outputs and gradients of q, k and v.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from course_lib.attention import attention
 from course_lib.flash_ops import flash_attention
+from course_lib.kernel_hooks import QKTables, ScoreBias
 from course_lib.runtime import KERNEL_MODE, kernel_device
 
 pytestmark = pytest.mark.skipif(
@@ -25,7 +27,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 DEVICE = kernel_device()
-METHOD_OF_MODE = {"none": "softmax", "rope": "rope", "exposb": "exposb"}
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
@@ -35,19 +36,26 @@ class Case:
     heads: int
     seq: int
     head_dim: int
-    mode: str
+    tables: str | None  # None | "rope" | "exposb" (RoPE with amplitude folded in, band gain)
+    bias: str | None  # None | "linear_distance" | "exposb_distance"
     causal: bool
     padding: str | None = None  # None | "mixed" (real / end-padded / start-padded) | "start"
-    style: str = "interleaved"
+    layout: str = "interleaved"
     positions: str = "default"  # "default" | "shared" ([seq]) | "batch" ([batch, seq])
+    table_batch: str = "shared"  # "shared": cos/sin [1, seq, D/2]; "full": [batch, seq, D/2]
+    gain: bool = False  # a gain on top of plain RoPE tables ("exposb" always has one)
     scale: float | None = None
     base: float = 10000.0
     noncontiguous: bool = False
 
     def __str__(self) -> str:
-        parts = [f"{self.batch}x{self.heads}x{self.seq}x{self.head_dim}", self.mode]
+        parts = [f"{self.batch}x{self.heads}x{self.seq}x{self.head_dim}"]
+        parts.append(self.tables or "notab")
+        if self.tables:
+            parts += [self.layout, f"tab-{self.table_batch}"] + (["gain"] if self.gain else [])
+        parts.append(self.bias or "nobias")
         parts.append("causal" if self.causal else "bidir")
-        parts += [p for p in (self.padding, self.style if self.mode != "none" else None) if p]
+        parts += [p for p in (self.padding,) if p]
         if self.positions != "default":
             parts.append(f"pos-{self.positions}")
         if self.noncontiguous:
@@ -56,32 +64,49 @@ class Case:
 
 
 CASES = [
-    Case(2, 5, 1, 16, "none", False),
-    Case(3, 3, 17, 32, "none", True, "mixed"),
-    Case(2, 5, 100, 16, "none", False, "start", noncontiguous=True),
-    Case(3, 3, 130, 32, "none", True, scale=0.3),
-    Case(3, 3, 17, 16, "rope", False),
-    Case(2, 5, 100, 32, "rope", True, "start", "half"),
-    Case(3, 3, 130, 16, "rope", False, "mixed", positions="batch"),
-    Case(3, 2, 100, 16, "rope", True, None, "half", positions="shared", base=500.0),
-    Case(2, 3, 1, 32, "rope", True, "start"),
-    Case(3, 3, 17, 32, "exposb", True, "mixed"),
-    Case(2, 5, 130, 16, "exposb", False, "start", "half"),
-    Case(3, 3, 100, 32, "exposb", False, None, positions="batch", noncontiguous=True),
-    Case(3, 2, 130, 16, "exposb", True, "mixed", "half", positions="shared"),
-    Case(2, 3, 1, 16, "exposb", False),
+    Case(2, 5, 1, 16, None, None, False),
+    Case(3, 3, 17, 32, None, None, True, "mixed"),
+    Case(2, 5, 100, 16, None, None, False, "start", noncontiguous=True),
+    Case(3, 3, 130, 32, None, None, True, scale=0.3),
+    Case(3, 3, 17, 16, "rope", None, False),
+    Case(2, 5, 100, 32, "rope", None, True, "start", "half", noncontiguous=True),
+    Case(3, 3, 130, 16, "rope", None, False, "mixed", positions="batch", table_batch="full"),
+    Case(3, 2, 100, 16, "rope", None, True, None, "half", positions="shared", base=500.0),
+    Case(2, 3, 1, 32, "rope", None, True, "start"),
+    Case(3, 2, 40, 16, "rope", None, False, gain=True, positions="batch", table_batch="full"),
+    Case(3, 3, 17, 32, "exposb", "exposb_distance", True, "mixed"),
+    Case(2, 5, 130, 16, "exposb", "exposb_distance", False, "start", "half"),
+    Case(
+        3,
+        3,
+        100,
+        32,
+        "exposb",
+        "exposb_distance",
+        False,
+        None,
+        positions="batch",
+        table_batch="full",
+        noncontiguous=True,
+    ),  # fmt: skip
+    Case(3, 2, 130, 16, "exposb", "exposb_distance", True, "mixed", "half", positions="shared"),
+    Case(2, 3, 1, 16, "exposb", "exposb_distance", False),
+    Case(2, 3, 70, 16, None, "linear_distance", True, "mixed", positions="batch"),
+    Case(3, 2, 100, 32, "rope", "linear_distance", False, "start", "half", noncontiguous=True),
+    Case(2, 2, 40, 16, None, "exposb_distance", True, positions="shared"),
 ]
 
 # On a GPU: the same shapes with the head dims the course's models use.
 GPU_HEAD_DIM = {16: 64, 32: 128}
 GPU_CASES = [replace(c, head_dim=GPU_HEAD_DIM[c.head_dim]) for c in CASES] + [
-    Case(2, 3, 1000, 64, "rope", True, "mixed"),
-    Case(2, 3, 777, 128, "exposb", False, "start", "half", positions="batch"),
+    Case(2, 3, 1000, 64, "rope", None, True, "mixed"),
+    Case(2, 3, 777, 128, "exposb", "exposb_distance", False, "start", "half", positions="batch"),
+    Case(2, 4, 600, 64, "rope", "linear_distance", True, "mixed", noncontiguous=True),
 ]
 
 
 # --------------------------------------------------------------------------------------------
-# Inputs and references
+# Inputs, tables and the reference
 # --------------------------------------------------------------------------------------------
 
 
@@ -109,11 +134,42 @@ def position_ids_for(case: Case) -> torch.Tensor | None:
     return torch.arange(case.seq)[None, :] + offsets[:, None]
 
 
+def positions_2d(case: Case, pos: torch.Tensor | None) -> torch.Tensor:
+    """Integer ``[batch, seq]`` positions on the CPU (the default is ``arange(seq)``)."""
+    p = torch.arange(case.seq) if pos is None else pos.cpu()
+    return p.expand(case.batch, case.seq)
+
+
+def build_tables(case: Case, positions: torch.Tensor) -> QKTables | None:
+    """The caller's tables, in plain torch: RoPE angles ``p * base**(-2t/D)`` in float32; for
+    "exposb" cos/sin carry the amplitude ``1 + 0.2 exp(-0.001 p)`` and ``gain`` is the band-pass
+    ``0.8 + 0.4 exp(-(d - D/4)^2 / (2 (D/8)^2))``. ``table_batch="shared"`` keeps a leading 1."""
+    if case.tables is None:
+        return None
+    dim = case.head_dim
+    pos = positions[:1] if case.table_batch == "shared" else positions
+    inv_freq = (case.base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)).float()
+    angle = pos.float()[..., None] * inv_freq
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    d = torch.arange(dim, dtype=torch.float64)
+    gain = None
+    if case.tables == "exposb":
+        amplitude = (1.0 + 0.2 * torch.exp(-0.001 * pos.float()))[..., None]
+        cos, sin = cos * amplitude, sin * amplitude
+        gain = 0.8 + 0.4 * torch.exp(-((d - dim / 4) ** 2) / (2 * (dim / 8) ** 2))
+    elif case.gain:
+        gain = 0.5 + torch.rand(dim, generator=torch.Generator().manual_seed(9), dtype=d.dtype)
+    to = dict(device=DEVICE, dtype=torch.float32)
+    gain = None if gain is None else gain.to(**to)
+    return QKTables(cos.to(**to), sin.to(**to), gain, case.layout)
+
+
 def make_inputs(case: Case, dtype: torch.dtype, device: torch.device, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     shape = (case.batch, case.heads, case.seq, case.head_dim)
     q, k, v, grad = (torch.randn(shape, generator=gen) for _ in range(4))
     q = q * 1.5  # somewhat peaked softmax rows
+    per_head = 0.05 + 0.2 * torch.rand(case.heads, generator=gen)
     if case.noncontiguous:  # stored as [batch, seq, heads, head_dim], viewed as [b, h, s, d]
         q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     mask = padding_mask(case.batch, case.seq, case.padding)
@@ -122,81 +178,76 @@ def make_inputs(case: Case, dtype: torch.dtype, device: torch.device, seed: int 
     q, k, v, grad = (x.to(**to) for x in (q, k, v, grad))
     mask = None if mask is None else mask.to(device)
     pos = None if pos is None else pos.to(device)
-    return q, k, v, grad, mask, pos
+    per_head = per_head.to(device) if case.bias == "linear_distance" else None
+    return q, k, v, grad, mask, pos, per_head
 
 
-def direct_attention(q, k, v, case: Case, mask, pos) -> torch.Tensor:
-    """The function from its formula, in float64 (angles, as specified, in float32)."""
-    batch, _, seq, dim = q.shape
+def apply_tables(x: torch.Tensor, tables: QKTables | None) -> torch.Tensor:
+    """``x'[c1] = g[c1] (x1 cos - x2 sin)``, ``x'[c2] = g[c2] (x1 sin + x2 cos)`` (float64)."""
+    if tables is None:
+        return x
+    dim = x.shape[-1]
+    cos = tables.cos.cpu().double()[:, None]  # [1 or b, 1, s, d/2]
+    sin = tables.sin.cpu().double()[:, None]
+    t = torch.arange(dim // 2)
+    first, second = (2 * t, 2 * t + 1) if tables.layout == "interleaved" else (t, t + dim // 2)
+    x1, x2 = x[..., first], x[..., second]
+    out = torch.zeros_like(x)
+    out = out.index_copy(-1, first, x1 * cos - x2 * sin).index_copy(-1, second, x1 * sin + x2 * cos)
+    if tables.gain is not None:
+        out = out * tables.gain.cpu().double()
+    return out
+
+
+def score_bias_matrix(case: Case, positions: torch.Tensor, per_head) -> torch.Tensor | float:
+    """``b_ij`` ``[batch, heads or 1, seq, seq]`` from its formula (float64)."""
+    p = positions.double()
+    distance = (p[:, :, None] - p[:, None, :]).abs()[:, None]
+    if case.bias == "linear_distance":
+        return -per_head[None, :, None, None] * distance
+    if case.bias == "exposb_distance":
+        return torch.log(0.7 + 0.3 * torch.exp(-0.005 * distance))
+    return 0.0
+
+
+def direct_attention(q, k, v, per_head, case: Case, mask, pos, tables) -> torch.Tensor:
+    """softmax(scale * q' . k' + b) v from its formula, in float64 on the CPU."""
+    dim = q.shape[-1]
     scale = case.scale if case.scale is not None else 1.0 / math.sqrt(dim)
-    positions = torch.arange(seq) if pos is None else pos.cpu()
-    positions = positions.expand(batch, seq)
-    q, k, v = (x.cpu().double() for x in (q, k, v))
-    if case.mode != "none":
-        inv_freq = (case.base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)).float()
-        angle = (positions.float()[..., None] * inv_freq).double()[:, None]  # [b, 1, s, d/2]
-        cos, sin = angle.cos(), angle.sin()
-
-        def rotate(x):
-            if case.style == "interleaved":
-                x1, x2 = x[..., 0::2], x[..., 1::2]
-                return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
-            x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
-            return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1)
-
-        q, k = rotate(q), rotate(k)
-        if case.mode == "exposb":
-            amplitude = (1 + 0.2 * torch.exp(-0.001 * positions.double()))[:, None, :, None]
-            d = torch.arange(dim, dtype=torch.float64)
-            gain = 0.8 + 0.4 * torch.exp(-((d - dim / 4) ** 2) / (2 * (dim / 8) ** 2))
-            q, k = q * amplitude * gain, k * amplitude * gain
+    positions = positions_2d(case, pos)
+    q, k = (apply_tables(x.cpu().double(), tables) for x in (q, k))
+    v = v.cpu().double()
     logits = scale * q @ k.transpose(-1, -2)
-    if case.mode == "exposb":
-        p = positions.double()
-        distance = (p[:, :, None] - p[:, None, :]).abs()
-        logits = logits + torch.log(0.7 + 0.3 * torch.exp(-0.005 * distance))[:, None]
-    allowed = torch.ones(batch, 1, seq, seq, dtype=torch.bool)
+    logits = logits + score_bias_matrix(case, positions, per_head)
+    allowed = torch.ones(case.batch, 1, case.seq, case.seq, dtype=torch.bool)
     if mask is not None:
         allowed = allowed & mask.cpu()[:, None, None, :]
     if case.causal:
-        allowed = allowed & torch.ones(seq, seq, dtype=torch.bool).tril()
+        allowed = allowed & torch.ones(case.seq, case.seq, dtype=torch.bool).tril()
     weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
     return weights @ v
 
 
-def reference_attention(q, k, v, case: Case, mask, pos) -> torch.Tensor:
-    """``course_lib.attention.attention(..., backend="reference")`` with the same arguments."""
-    params = {} if case.scale is None else {"scale": case.scale}
-    if case.mode != "none":
-        params.update(base=case.base, style=case.style)
-    return attention(
-        q, k, v,
-        method=METHOD_OF_MODE[case.mode],
-        causal=case.causal,
-        key_padding_mask=mask,
-        position_ids=pos,
-        backend="reference",
-        **params,
-    )  # fmt: skip
-
-
-def kernel_attention(q, k, v, case: Case, mask, pos) -> torch.Tensor:
+def kernel_attention(q, k, v, per_head, case: Case, mask, pos, tables) -> torch.Tensor:
+    bias = None if case.bias is None else ScoreBias(case.bias, per_head)
     return flash_attention(
         q, k, v,
-        position_mode=case.mode,
         causal=case.causal,
         key_padding_mask=mask,
         position_ids=pos,
         scale=case.scale,
-        rope_base=case.base,
-        rope_style=case.style,
+        qk_tables=tables,
+        score_bias=bias,
     )  # fmt: skip
 
 
-def output_and_grads(fn, q, k, v, grad, case, mask, pos, dtype=None):
-    """Run ``fn`` (inputs cast to ``dtype`` if given); return (out, dq, dk, dv), float64 on CPU."""
+def output_and_grads(fn, q, k, v, per_head, grad, case, mask, pos, tables, dtype=None):
+    """Run ``fn`` (inputs cast to ``dtype`` if given); return (out, dq, dk, dv[, dper_head]),
+    float64 on the CPU."""
     leaves = [(x if dtype is None else x.to(dtype)).detach().requires_grad_() for x in (q, k, v)]
-    out = fn(*leaves, case, mask, pos)
+    if per_head is not None:
+        leaves.append(per_head.detach().to(dtype or per_head.dtype).requires_grad_())
+    out = fn(*leaves[:3], leaves[3] if per_head is not None else None, case, mask, pos, tables)
     out.backward(grad.to(out.dtype).to(out.device))
     return [t.detach().double().cpu() for t in (out, *(x.grad for x in leaves))]
 
@@ -211,71 +262,101 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def check_case(case: Case, dtype: torch.dtype) -> None:
-    q, k, v, grad, mask, pos = make_inputs(case, dtype, DEVICE)
-    got = output_and_grads(kernel_attention, q, k, v, grad, case, mask, pos)
+    q, k, v, grad, mask, pos, per_head = make_inputs(case, dtype, DEVICE)
+    tables = build_tables(case, positions_2d(case, pos))
+    args = (q, k, v, per_head, grad, case, mask, pos, tables)
+    got = output_and_grads(kernel_attention, *args)
     assert got[0].shape == q.shape
     for tensor in got:
         assert torch.isfinite(tensor).all()
-    # References in float64 from the very same (rounded) inputs.
-    ref = output_and_grads(reference_attention, q, k, v, grad, case, mask, pos, torch.float64)
-    direct = output_and_grads(direct_attention, q, k, v, grad, case, mask, pos, torch.float64)
-    tol = TOLERANCE[dtype]
-    for name, a, r, d in zip(("out", "dq", "dk", "dv"), got, ref, direct, strict=True):
-        assert relative_error(a, r) < tol, f"{name} vs course_lib reference: {relative_error(a, r)}"
-        assert relative_error(a, d) < tol, f"{name} vs direct formula: {relative_error(a, d)}"
+    direct = output_and_grads(direct_attention, *args, dtype=torch.float64)
+    names = ("out", "dq", "dk", "dv", "dper_head")
+    assert len(got) == len(direct) == (5 if per_head is not None else 4)
+    for name, a, d in zip(names, got, direct, strict=False):
+        assert relative_error(a, d) < TOLERANCE[dtype], f"{name}: {relative_error(a, d)}"
 
 
 # --------------------------------------------------------------------------------------------
-# Kernel vs reference
+# Kernel vs formula
 # --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_kernel_matches_reference_fp32(case: Case) -> None:
+def test_kernel_matches_formula_fp32(case: Case) -> None:
     check_case(case, torch.float32)
 
 
-def test_kernel_matches_reference_fp16_small() -> None:
-    check_case(Case(2, 3, 40, 32, "rope", True, "mixed"), torch.float16)
+def test_kernel_matches_formula_fp16_small() -> None:
+    check_case(Case(2, 3, 40, 32, "rope", "linear_distance", True, "mixed"), torch.float16)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels need a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
-def test_kernel_matches_reference_cuda(case: Case, dtype: torch.dtype) -> None:
+def test_kernel_matches_formula_cuda(case: Case, dtype: torch.dtype) -> None:
     check_case(case, dtype)
 
 
-def test_unequal_block_sizes_match_reference() -> None:
-    """Causal bounds with query blocks narrower and wider than key blocks, in every kernel."""
+def test_unequal_block_sizes_match_formula() -> None:
+    """Causal bounds with query blocks narrower and wider than key blocks, in every kernel,
+    and the per-head gradient's partial sums over several key blocks."""
     kernels = pytest.importorskip("course_lib.kernels.flash")
-    case = Case(2, 3, 70, 16, "rope", True, "mixed", "half")
-    q, k, v, grad, mask, pos = make_inputs(case, torch.float32, DEVICE, seed=3)
-    positions = torch.arange(case.seq, device=DEVICE).expand(case.batch, -1).contiguous()
-    options = dict(position_mode="rope", causal=True, scale=0.25, rope_style="half")
-    config = kernels.FlashConfig
-    out, lse = kernels.flash_attention_forward(
-        q, k, v, positions, mask, config=config(16, 32), **options
+    case = Case(2, 3, 70, 16, "rope", "linear_distance", True, "mixed", "half", scale=0.25)
+    q, k, v, grad, mask, pos, per_head = make_inputs(case, torch.float32, DEVICE, seed=3)
+    positions = positions_2d(case, pos)
+    tables = build_tables(case, positions)
+    options = dict(
+        causal=True, scale=0.25, qk_tables=tables, bias_hook=case.bias, bias_params=per_head
     )
-    dq, dk, dv = kernels.flash_attention_backward(
-        grad, q, k, v, out, lse, positions, mask,
-        configs={"dkdv": config(64, 16), "dq": config(16, 64)},
-        **options,
+    config = kernels.FlashConfig
+    fpos = positions.float().to(DEVICE)
+    out, lse = kernels.flash_attention_forward(
+        q, k, v, fpos, mask, config=config(16, 32), **options
+    )
+    dq, dk, dv, dlam = kernels.flash_attention_backward(
+        grad, q, k, v, out, lse, fpos, mask, bias_grad=True,
+        configs={"dkdv": config(64, 16), "dq": config(16, 64)}, **options,
     )  # fmt: skip
-    scaled = replace(case, scale=0.25)
-    ref = output_and_grads(reference_attention, q, k, v, grad, scaled, mask, None, torch.float64)
-    for name, a, r in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), ref, strict=True):
+    ref = output_and_grads(
+        direct_attention, q, k, v, per_head, grad, case, mask, pos, tables, torch.float64
+    )
+    for name, a, r in zip(
+        ("out", "dq", "dk", "dv", "dlam"), (out, dq, dk, dv, dlam), ref, strict=True
+    ):
         assert relative_error(a.double().cpu(), r) < 1e-4, name
 
 
-@pytest.mark.parametrize("mode", ["none", "rope", "exposb"])
-def test_fully_padded_row_gives_zeros_and_finite_grads(mode: str) -> None:
-    case = Case(2, 2, 20, 16, mode, causal=mode == "rope")
-    q, k, v, grad, _, _ = make_inputs(case, torch.float32, DEVICE, seed=1)
+def test_per_head_gradient_matches_autograd_of_explicit_scores() -> None:
+    """``linear_distance``: ``b_ij = -m_h |p_i - p_j|``; the gradient of ``m`` against torch
+    autograd through explicit scores (fp32 inputs, float64 reference)."""
+    batch, heads, seq, dim = 2, 3, 45, 16
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, g = (torch.randn(batch, heads, seq, dim, generator=gen).to(DEVICE) for _ in range(4))
+    slopes = torch.tensor([0.02, 0.3, 1.0], device=DEVICE, requires_grad=True)
+    pos = torch.stack((torch.arange(seq) * 2, torch.arange(seq) + 5)).to(DEVICE)
+    out = flash_attention(
+        q, k, v, position_ids=pos, score_bias=ScoreBias("linear_distance", slopes)
+    )
+    (d_slopes,) = torch.autograd.grad(out, slopes, g)
+    m = slopes.detach().double().requires_grad_()
+    p = pos.double().cpu()
+    scores = q.double().cpu() @ k.double().cpu().transpose(-1, -2) / math.sqrt(dim)
+    scores = scores - m[:, None, None] * (p[:, None, :, None] - p[:, None, None, :]).abs()
+    ref = torch.softmax(scores, -1) @ v.double().cpu()
+    (ref_grad,) = torch.autograd.grad(ref, m, g.double().cpu())
+    assert d_slopes.shape == slopes.shape and d_slopes.dtype == slopes.dtype
+    assert relative_error(d_slopes.double().cpu(), ref_grad) < 1e-4
+
+
+@pytest.mark.parametrize("bias", [None, "exposb_distance"])
+def test_fully_padded_row_gives_zeros_and_finite_grads(bias) -> None:
+    case = Case(2, 2, 20, 16, "rope" if bias else None, bias, causal=bias is None)
+    q, k, v, grad, _, _, _ = make_inputs(case, torch.float32, DEVICE, seed=1)
+    tables = build_tables(case, positions_2d(case, None))
     mask = torch.ones(2, 20, dtype=torch.bool, device=DEVICE)
     mask[1] = False  # every key of batch row 1 is padding
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    out = kernel_attention(*leaves, case, mask, None)
+    out = kernel_attention(*leaves, None, case, mask, None, tables)
     out.backward(grad)
     assert torch.isfinite(out).all()
     assert torch.equal(out[1], torch.zeros_like(out[1]))
@@ -286,35 +367,86 @@ def test_fully_padded_row_gives_zeros_and_finite_grads(mode: str) -> None:
 
 
 def test_backward_is_deterministic() -> None:
-    case = Case(2, 2, 40, 16, "exposb", True, "start")
-    q, k, v, grad, mask, pos = make_inputs(case, torch.float32, DEVICE, seed=2)
-    first = output_and_grads(kernel_attention, q, k, v, grad, case, mask, pos)
-    second = output_and_grads(kernel_attention, q, k, v, grad, case, mask, pos)
+    case = Case(2, 2, 70, 16, "exposb", "linear_distance", True, "start", noncontiguous=True)
+    q, k, v, grad, mask, pos, per_head = make_inputs(case, torch.float32, DEVICE, seed=2)
+    tables = build_tables(case, positions_2d(case, pos))
+    args = (q, k, v, per_head, grad, case, mask, pos, tables)
+    first = output_and_grads(kernel_attention, *args)
+    second = output_and_grads(kernel_attention, *args)
+    assert len(first) == 5
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
 
 
 def test_position_ids_forms_agree() -> None:
     """``[seq]``, ``[1, seq]`` and ``[batch, seq]`` position ids give the same output."""
-    case = Case(2, 2, 20, 16, "exposb", False)
-    q, k, v, _, _, _ = make_inputs(case, torch.float32, DEVICE, seed=4)
+    case = Case(2, 2, 20, 16, None, "exposb_distance", False)
+    q, k, v, _, _, _, _ = make_inputs(case, torch.float32, DEVICE, seed=4)
     pos = (torch.arange(20, device=DEVICE) * 2 + 5).to(torch.int32)
     outs = [
-        kernel_attention(q, k, v, case, None, p)
+        kernel_attention(q, k, v, None, case, None, p, None)
         for p in (pos, pos[None], pos[None].expand(2, -1), pos.long())
     ]
     for out in outs[1:]:
         assert torch.equal(out, outs[0])
-    shifted = kernel_attention(q, k, v, case, None, pos + 100)
+    shifted = kernel_attention(q, k, v, None, case, None, pos * 3, None)
     assert not torch.allclose(shifted, outs[0])  # positions really reach the kernel
 
 
-def test_triton_backend_of_attention_uses_the_kernel() -> None:
-    case = Case(2, 2, 24, 16, "rope", True, style="half")
-    q, k, v, _, mask, _ = make_inputs(case, torch.float32, DEVICE, seed=5)
-    via_attention = attention(q, k, v, method="rope", causal=True, backend="triton", style="half")
-    direct = kernel_attention(q, k, v, case, mask, None)
-    assert torch.equal(via_attention, direct)
+def test_shared_tables_equal_full_batch_tables() -> None:
+    """cos/sin ``[1, seq, D/2]`` (read with batch stride 0) == the same rows repeated per batch."""
+    case = Case(3, 2, 40, 16, "exposb", None, True, layout="half")
+    q, k, v, grad, _, _, _ = make_inputs(case, torch.float32, DEVICE, seed=5)
+    shared = build_tables(case, positions_2d(case, None))
+    assert shared.cos.shape[0] == 1
+    full = replace(case, table_batch="full")
+    full_tables = build_tables(full, positions_2d(full, None))
+    assert full_tables.cos.shape[0] == 3
+    a = output_and_grads(kernel_attention, q, k, v, None, grad, case, None, None, shared)
+    b = output_and_grads(kernel_attention, q, k, v, None, grad, case, None, None, full_tables)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_gain_none_is_gain_of_ones_and_a_gain_matters() -> None:
+    case = Case(2, 2, 30, 32, "rope", None, False, layout="interleaved")
+    q, k, v, grad, _, _, _ = make_inputs(case, torch.float32, DEVICE, seed=6)
+    tables = build_tables(case, positions_2d(case, None))
+    ones = replace(tables, gain=torch.ones(32, device=DEVICE))
+    other = replace(tables, gain=torch.linspace(0.5, 1.5, 32, device=DEVICE))
+    plain = output_and_grads(kernel_attention, q, k, v, None, grad, case, None, None, tables)
+    with_ones = output_and_grads(kernel_attention, q, k, v, None, grad, case, None, None, ones)
+    for x, y in zip(plain, with_ones, strict=True):
+        assert torch.equal(x, y)
+    with_gain = output_and_grads(kernel_attention, q, k, v, None, grad, case, None, None, other)
+    assert not torch.allclose(with_gain[0], plain[0])
+
+
+def test_strided_views_equal_contiguous_copies() -> None:
+    """q, k, v as ``x.view(b, n, h, d).transpose(1, 2)`` (read in place) and an expanded
+    (stride 0) incoming gradient give exactly what contiguous copies give."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 40, 3 * 2 * 16, generator=gen).to(DEVICE)
+    q, k, v = (t.view(2, 40, 2, 16).transpose(1, 2) for t in x.split(32, dim=-1))
+    assert not q.is_contiguous()
+    bias = ScoreBias("linear_distance", torch.tensor([0.1, 0.4], device=DEVICE))
+    results = []
+    for inputs in ((q, k, v), (q.contiguous(), k.contiguous(), v.contiguous())):
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        out = flash_attention(*leaves, causal=True, score_bias=bias)
+        results.append([out, *torch.autograd.grad(out.sum(), leaves)])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_gradients_only_where_asked() -> None:
+    case = Case(1, 2, 20, 16, None, "linear_distance", True)
+    q, k, v, grad, _, _, per_head = make_inputs(case, torch.float32, DEVICE, seed=9)
+    q.requires_grad_()
+    out = flash_attention(q, k, v, causal=True, score_bias=ScoreBias(case.bias, per_head))
+    (dq,) = torch.autograd.grad(out, (q,), grad)
+    assert torch.isfinite(dq).all() and dq.abs().max() > 0
+    assert per_head.grad is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,79 +458,123 @@ def _qkv(shape=(2, 3, 8, 16), dtype=torch.float32):
     return [torch.randn(shape, device=DEVICE, dtype=dtype) for _ in range(3)]
 
 
-@pytest.mark.parametrize(
-    ("make_call", "error", "message"),
-    [
-        (lambda q, k, v: flash_attention(*_qkv((2, 3, 8, 24))), ValueError, "head_dim"),
-        (lambda q, k, v: flash_attention(*_qkv((2, 3, 8, 256))), ValueError, "head_dim"),
-        (
-            lambda q, k, v: flash_attention(*_qkv((2, 3, 8, 15)), position_mode="rope"),
-            ValueError,
-            "head_dim in",
+def _tables(cos_shape=(1, 8, 8), gain_shape=None, layout="interleaved", dtype=torch.float32):
+    cos = torch.ones(cos_shape, device=DEVICE, dtype=dtype)
+    gain = None if gain_shape is None else torch.ones(gain_shape, device=DEVICE)
+    return QKTables(cos, cos.clone(), gain, layout)
+
+
+BAD_CALLS = {
+    "head_dim_24": (lambda q, k, v: flash_attention(*_qkv((2, 3, 8, 24))), ValueError, "head_dim"),
+    "head_dim_256": (
+        lambda q, k, v: flash_attention(*_qkv((2, 3, 8, 256))),
+        ValueError,
+        "head_dim",
+    ),
+    "heads_mismatch": (lambda q, k, v: flash_attention(q, k[:, :2], v), ValueError, "same shape"),
+    "seq_q_ne_seq_k": (
+        lambda q, k, v: flash_attention(q, k[:, :, :5], v[:, :, :5]),
+        ValueError,
+        "seq_q",
+    ),
+    "dtype_mismatch": (lambda q, k, v: flash_attention(q, k.double(), v), TypeError, "dtype"),
+    "integer_dtype": (
+        lambda q, k, v: flash_attention(q.long(), k.long(), v.long()),
+        TypeError,
+        "dtype",
+    ),
+    "three_dims": (lambda q, k, v: flash_attention(q[0], k[0], v[0]), ValueError, "4-D"),
+    "float_mask": (
+        lambda q, k, v: flash_attention(q, k, v, key_padding_mask=torch.ones(2, 8, device=DEVICE)),
+        TypeError,
+        "bool",
+    ),
+    "mask_shape": (
+        lambda q, k, v: flash_attention(
+            q, k, v, key_padding_mask=torch.ones(2, 7, dtype=torch.bool, device=DEVICE)
         ),
-        (lambda q, k, v: flash_attention(q, k[:, :2], v), ValueError, "same shape"),
-        (lambda q, k, v: flash_attention(q, k[:, :, :5], v[:, :, :5]), ValueError, "seq_q"),
-        (lambda q, k, v: flash_attention(q, k.double(), v), TypeError, "dtype"),
-        (lambda q, k, v: flash_attention(q.long(), k.long(), v.long()), TypeError, "dtype"),
-        (lambda q, k, v: flash_attention(q[0], k[0], v[0]), ValueError, "4-D"),
-        (lambda q, k, v: flash_attention(q, k, v, position_mode="alibi"), ValueError, "alibi"),
-        (
-            lambda q, k, v: flash_attention(q, k, v, position_mode="rope", rope_style="neox"),
-            ValueError,
-            "rope_style",
+        ValueError,
+        "key_padding_mask",
+    ),
+    "float_positions": (
+        lambda q, k, v: flash_attention(q, k, v, position_ids=torch.arange(8.0, device=DEVICE)),
+        TypeError,
+        "integer",
+    ),
+    "positions_shape": (
+        lambda q, k, v: flash_attention(q, k, v, position_ids=torch.arange(9, device=DEVICE)),
+        ValueError,
+        "position_ids",
+    ),
+    "nan_scale": (
+        lambda q, k, v: flash_attention(q, k, v, scale=float("nan")),
+        ValueError,
+        "scale",
+    ),
+    "non_bool_causal": (lambda q, k, v: flash_attention(q, k, v, causal=1), TypeError, "causal"),
+    "tables_not_qktables": (
+        lambda q, k, v: flash_attention(q, k, v, qk_tables=(torch.ones(1), torch.ones(1))),
+        TypeError,
+        "QKTables",
+    ),
+    "tables_wrong_pairs": (
+        lambda q, k, v: flash_attention(q, k, v, qk_tables=_tables((1, 8, 16))),
+        ValueError,
+        r"qk_tables.cos must be float32 \[1 or 2, 8, 8\]",
+    ),
+    "tables_wrong_batch": (
+        lambda q, k, v: flash_attention(q, k, v, qk_tables=_tables((3, 8, 8))),
+        ValueError,
+        "qk_tables.cos",
+    ),
+    "tables_fp16": (
+        lambda q, k, v: flash_attention(q, k, v, qk_tables=_tables(dtype=torch.float16)),
+        TypeError,
+        "qk_tables.cos",
+    ),
+    "tables_layout": (
+        lambda q, k, v: flash_attention(q, k, v, qk_tables=_tables(layout="neox")),
+        ValueError,
+        "layout",
+    ),
+    "gain_shape": (
+        lambda q, k, v: flash_attention(q, k, v, qk_tables=_tables(gain_shape=(8,))),
+        ValueError,
+        "gain",
+    ),
+    "bias_not_scorebias": (
+        lambda q, k, v: flash_attention(q, k, v, score_bias="linear_distance"),
+        TypeError,
+        "ScoreBias",
+    ),
+    "unknown_hook": (
+        lambda q, k, v: flash_attention(q, k, v, score_bias=ScoreBias("alibi_slopes")),
+        ValueError,
+        "linear_distance",
+    ),
+    "missing_per_head": (
+        lambda q, k, v: flash_attention(q, k, v, score_bias=ScoreBias("linear_distance")),
+        ValueError,
+        "per_head",
+    ),
+    "per_head_shape": (
+        lambda q, k, v: flash_attention(
+            q, k, v, score_bias=ScoreBias("linear_distance", torch.ones(2, device=DEVICE))
         ),
-        (
-            lambda q, k, v: flash_attention(
-                q, k, v, key_padding_mask=torch.ones(2, 8, device=DEVICE)
-            ),
-            TypeError,
-            "bool",
+        ValueError,
+        r"\[heads\]",
+    ),
+    "per_head_for_exposb": (
+        lambda q, k, v: flash_attention(
+            q, k, v, score_bias=ScoreBias("exposb_distance", torch.ones(3, device=DEVICE))
         ),
-        (
-            lambda q, k, v: flash_attention(
-                q, k, v, key_padding_mask=torch.ones(2, 7, dtype=torch.bool, device=DEVICE)
-            ),
-            ValueError,
-            "key_padding_mask",
-        ),
-        (
-            lambda q, k, v: flash_attention(
-                q, k, v, position_mode="rope", position_ids=torch.arange(8.0, device=DEVICE)
-            ),
-            TypeError,
-            "integer",
-        ),
-        (
-            lambda q, k, v: flash_attention(
-                q, k, v, position_mode="rope", position_ids=torch.arange(9, device=DEVICE)
-            ),
-            ValueError,
-            "position_ids",
-        ),
-        (lambda q, k, v: flash_attention(q, k, v, scale=float("nan")), ValueError, "scale"),
-        (lambda q, k, v: flash_attention(q, k, v, rope_base=-1.0), ValueError, "rope_base"),
-        (lambda q, k, v: flash_attention(q, k, v, causal=1), TypeError, "causal"),
-    ],
-    ids=[
-        "head_dim_24",
-        "head_dim_256",
-        "odd_head_dim_rope",
-        "heads_mismatch",
-        "seq_q_ne_seq_k",
-        "dtype_mismatch",
-        "integer_dtype",
-        "three_dims",
-        "unknown_mode",
-        "unknown_style",
-        "float_mask",
-        "mask_shape",
-        "float_positions",
-        "positions_shape",
-        "nan_scale",
-        "negative_base",
-        "non_bool_causal",
-    ],
-)
+        ValueError,
+        "takes no per_head",
+    ),
+}
+
+
+@pytest.mark.parametrize(("make_call", "error", "message"), BAD_CALLS.values(), ids=BAD_CALLS)
 def test_bad_input_raises_clear_error(make_call, error, message) -> None:
     q, k, v = _qkv()
     with pytest.raises(error, match=message):

@@ -1,6 +1,9 @@
 """The stick-breaking kernels (``kernels/stick_breaking.py`` via ``course_lib.stick_ops``) against
-two references: a direct float64 loop over the formula (product form, no log space) on tiny inputs,
-and ``course_lib.attention.attention(..., backend="reference")`` on ragged shapes.
+two references written here with plain torch: a direct float64 loop over the formula (product
+form, no log space) on tiny inputs, and a vectorised float64 log-space version on ragged shapes.
+
+The kernels take their position machinery from the caller: the tests build RoPE tables (with or
+without a gain) and name the score-bias hooks (RSE: ``ScoreBias("linear_distance", lambda)``).
 
 Without a GPU the kernels run in Triton's interpreter on the CPU, in fp32 (the interpreter's bf16
 ``tl.dot`` is broken); the GPU tests (fp32/bf16, head_dim 64/128) run when CUDA is available.
@@ -9,19 +12,18 @@ Without a GPU the kernels run in Triton's interpreter on the CPU, in fp32 (the i
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from course_lib import runtime
+from course_lib.kernel_hooks import QKTables, ScoreBias
+from course_lib.stick_ops import stick_breaking_attention
 
 pytestmark = pytest.mark.skipif(
     not runtime.kernels_available(), reason="Triton is not installed (it has Linux wheels only)"
 )
-
-from course_lib.attention import attention  # noqa: E402
-from course_lib.encodings import rope_angles  # noqa: E402
-from course_lib.stick_ops import stick_breaking_attention  # noqa: E402
 
 DEVICE = runtime.kernel_device()
 FP32_TOL = 1e-4
@@ -32,50 +34,69 @@ needs_cuda = pytest.mark.skipif(
 
 
 # --------------------------------------------------------------------------------------------
-# References and helpers
+# Tables, references and helpers
 # --------------------------------------------------------------------------------------------
 
 
-def rotate_float64(x: torch.Tensor, positions: torch.Tensor, base: float, style: str):
-    """RoPE written out pair by pair: ``(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)``.
+def rope_tables(positions, dim, *, layout="interleaved", base=10000.0, gain=None, batch=None):
+    """RoPE tables as a caller builds them: angles ``p * base**(-2t/D)`` in float32, cos/sin
+    ``[1, seq, D/2]`` (``[batch, seq, D/2]`` if ``batch`` is given or the positions differ per
+    row)."""
+    positions = positions if positions.dim() == 2 else positions[None]
+    t = torch.arange(dim // 2, dtype=torch.float64)
+    inv_freq = (base ** (-2.0 * t / dim)).to(torch.float32).to(positions.device)
+    angles = positions.to(torch.float32)[..., None] * inv_freq
+    if batch is not None and angles.shape[0] == 1:
+        angles = angles.repeat(batch, 1, 1)
+    return QKTables(angles.cos(), angles.sin(), gain, layout)
 
-    ``x`` float64 ``[B, H, S, D]``; positions ``[1 or B, S]``; angles in float32.
-    """
+
+def apply_tables(x: torch.Tensor, tables: QKTables | None) -> torch.Tensor:
+    """``x'[c1] = g[c1] (x1 cos - x2 sin)``, ``x'[c2] = g[c2] (x1 sin + x2 cos)`` in x's dtype."""
+    if tables is None:
+        return x
     dim = x.shape[-1]
-    t = torch.arange(dim // 2, dtype=torch.float64, device=x.device)
-    inv_freq = (base ** (-2.0 * t / dim)).to(torch.float32)
-    angles = (positions.to(torch.float32)[..., None] * inv_freq).to(torch.float64)
-    cos, sin = angles.cos()[:, None], angles.sin()[:, None]  # [1|B, 1, S, D/2]
-    first = 2 * torch.arange(dim // 2) if style == "interleaved" else torch.arange(dim // 2)
-    second = first + 1 if style == "interleaved" else first + dim // 2
+    cos = tables.cos.to(x)[:, None]  # [1 or B, 1, S, D/2]
+    sin = tables.sin.to(x)[:, None]
+    t = torch.arange(dim // 2, device=x.device)
+    first, second = (2 * t, 2 * t + 1) if tables.layout == "interleaved" else (t, t + dim // 2)
     x1, x2 = x[..., first], x[..., second]
-    out = torch.empty_like(x)
-    out[..., first] = x1 * cos - x2 * sin
-    out[..., second] = x1 * sin + x2 * cos
-    return out
+    out = torch.zeros_like(x)
+    out = out.index_copy(-1, first, x1 * cos - x2 * sin).index_copy(-1, second, x1 * sin + x2 * cos)
+    return out if tables.gain is None else out * tables.gain.to(x)
+
+
+def logits(q, k, *, position_ids, scale, qk_tables, score_bias):
+    """``z = scale * q' . k' + b`` in float64 (``b`` from the hook's formula)."""
+    batch, _, seq, dim = q.shape
+    q, k = apply_tables(q.double(), qk_tables), apply_tables(k.double(), qk_tables)
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    z = scale * q @ k.transpose(-1, -2)
+    if score_bias is not None:
+        p = torch.arange(seq, device=q.device) if position_ids is None else position_ids
+        p = (p if p.dim() == 2 else p[None]).double()
+        distance = (p[:, :, None] - p[:, None, :]).abs()[:, None]
+        if score_bias.hook == "linear_distance":
+            z = z - score_bias.per_head.double()[None, :, None, None] * distance
+        elif score_bias.hook == "exposb_distance":
+            z = z + torch.log(0.7 + 0.3 * torch.exp(-0.005 * distance))
+        else:
+            raise AssertionError(score_bias.hook)
+    return z
 
 
 def loop_reference(
-    q, k, v, *, causal, key_padding_mask=None, position_ids=None, scale=None, rope=False,
-    rope_base=10000.0, rope_style="interleaved", distance_penalty=None,
+    q, k, v, *, causal=True, key_padding_mask=None, position_ids=None, scale=None, qk_tables=None,
+    score_bias=None,
 ):  # fmt: skip
     """Stick-breaking attention by direct float64 loops: for each query, walk each stick from the
     nearest allowed key outward, ``A_ij = share * beta_ij * remaining``, ``remaining *= 1 - beta``.
     """
     batch, heads, seq, dim = q.shape
-    q, k, v = q.double(), k.double(), v.double()
-    if position_ids is None:
-        positions = torch.arange(seq, device=q.device)[None]
-    else:
-        positions = position_ids if position_ids.dim() == 2 else position_ids[None]
-    if rope:
-        q = rotate_float64(q, positions, rope_base, rope_style)
-        k = rotate_float64(k, positions, rope_base, rope_style)
-    scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    z = scale * q @ k.transpose(-1, -2)
-    if distance_penalty is not None:
-        distance = (positions[:, :, None] - positions[:, None, :]).abs().double()[:, None]
-        z = z - distance_penalty.double()[None, :, None, None] * distance
+    z = logits(
+        q, k, position_ids=position_ids, scale=scale, qk_tables=qk_tables, score_bias=score_bias
+    )
+    v = v.double()
     beta = torch.sigmoid(z)
     share = 1.0 if causal else 0.5
     rows = []
@@ -97,23 +118,36 @@ def loop_reference(
     return torch.stack(rows).view(batch, heads, seq, dim)
 
 
-def reference_attention(
-    q, k, v, *, causal, key_padding_mask=None, position_ids=None, scale=None, rope=False,
-    rope_base=10000.0, rope_style="interleaved", distance_penalty=None,
+def vector_reference(
+    q, k, v, *, causal=True, key_padding_mask=None, position_ids=None, scale=None, qk_tables=None,
+    score_bias=None,
 ):  # fmt: skip
-    """``course_lib.attention.attention(..., backend="reference")`` for the same arguments:
-    method "rse" (RoPE and a penalty) or "stick_breaking" (neither)."""
-    kwargs = {"causal": causal, "key_padding_mask": key_padding_mask}
-    if scale is not None:
-        kwargs["scale"] = scale
-    if rope != (distance_penalty is not None):
-        raise AssertionError("the reference has rope and a penalty together (rse) or neither")
-    if rope:
-        return attention(
-            q, k, v, method="rse", position_ids=position_ids, base=rope_base, style=rope_style,
-            distance_penalty=distance_penalty, **kwargs,
-        )  # fmt: skip
-    return attention(q, k, v, method="stick_breaking", **kwargs)
+    """The same function in log space with cumulative sums (float64):
+    ``log A_ij = logsigmoid(z_ij) - sum_{allowed l strictly between j and i} softplus(z_il)``."""
+    z = logits(
+        q, k, position_ids=position_ids, scale=scale, qk_tables=qk_tables, score_bias=score_bias
+    )
+    seq = q.shape[2]
+    idx = torch.arange(seq, device=q.device)
+    real = torch.ones(q.shape[0], seq, dtype=torch.bool, device=q.device)
+    if key_padding_mask is not None:
+        real = key_padding_mask.bool()
+    real = real[:, None, None, :]
+    left = (idx[None, :] < idx[:, None]) & real
+    right = (idx[None, :] > idx[:, None]) & real
+    softplus = torch.nn.functional.softplus(z)
+    log_beta = torch.nn.functional.logsigmoid(z)
+    sp_left = torch.where(left, softplus, 0.0)
+    sp_right = torch.where(right, softplus, 0.0)
+    # left stick, keys l with j < l < i: everything left of i minus the keys up to j
+    between_left = sp_left.sum(-1, keepdim=True) - sp_left.cumsum(-1)
+    # right stick, keys l with i < l < j: the keys right of i up to j, minus j itself
+    between_right = sp_right.cumsum(-1) - sp_right
+    weights = torch.where(left, torch.exp(log_beta - between_left), 0.0)
+    if not causal:
+        weights = 0.5 * (weights + torch.where(right, torch.exp(log_beta - between_right), 0.0))
+    v = v.double()
+    return weights @ v + (1.0 - weights.sum(-1, keepdim=True)) * v
 
 
 def make_inputs(batch, heads, seq, dim, *, seed, rse, dtype=torch.float32, device=DEVICE):
@@ -134,12 +168,13 @@ def padding_mask(batch, seq, device=DEVICE):
     return mask
 
 
-def outputs_and_grads(fn, q, k, v, lam, grad_out, cast, **kwargs):
-    """Run ``fn`` on leaf copies (``cast``: dtype) and return the output and its gradients."""
+def outputs_and_grads(fn, q, k, v, lam, grad_out, cast, hook="linear_distance", **kwargs):
+    """Run ``fn`` on leaf copies (``cast``: dtype) and return the output and its gradients
+    (``lam``, when given, is the ``per_head`` tensor of ``hook``)."""
     leaves = [t.detach().to(cast).requires_grad_() for t in (q, k, v)]
     if lam is not None:
         leaves.append(lam.detach().to(cast).requires_grad_())
-        kwargs["distance_penalty"] = leaves[3]
+        kwargs["score_bias"] = ScoreBias(hook, leaves[3])
     out = fn(*leaves[:3], **kwargs)
     grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype), materialize_grads=True)
     return out, grads
@@ -158,7 +193,7 @@ def assert_close(actual, expected, tol, what):
 
 def assert_grads_close(grads, ref_grads, tol, where=""):
     assert len(grads) == len(ref_grads)
-    names = ("dq", "dk", "dv", "dlambda")[: len(grads)]
+    names = ("dq", "dk", "dv", "dper_head")[: len(grads)]
     for name, got, want in zip(names, grads, ref_grads, strict=True):
         assert_close(got, want, tol, name + where)
 
@@ -175,99 +210,123 @@ def compare(reference, q, k, v, lam, grad_out, tol=FP32_TOL, **kwargs):
     assert_grads_close(grads, ref_grads, tol)
 
 
+def test_the_two_references_agree():
+    """The loop and the vectorised reference compute the same function (so each checks the
+    other), with padding, a bias and tables, in both directions."""
+    q, k, v, lam, _ = make_inputs(2, 2, 9, 16, seed=0, rse=True, dtype=torch.float64)
+    pos = torch.stack((torch.arange(9) * 3, torch.arange(9) + 1)).to(DEVICE)
+    kwargs = {
+        "key_padding_mask": padding_mask(2, 9),
+        "position_ids": pos,
+        "qk_tables": rope_tables(pos, 16, layout="half"),
+        "score_bias": ScoreBias("linear_distance", lam),
+    }
+    for causal in (True, False):
+        a = loop_reference(q, k, v, causal=causal, **kwargs)
+        b = vector_reference(q, k, v, causal=causal, **kwargs)
+        assert torch.allclose(a, b, atol=1e-12)
+
+
 # --------------------------------------------------------------------------------------------
 # The kernel against the direct loop (tiny inputs)
 # --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "causal, rse, style, padded",
+    "causal, rse, layout, padded, gain",
     [
-        (True, False, "interleaved", False),
-        (False, False, "interleaved", True),
-        (True, True, "interleaved", True),
-        (False, True, "half", False),
+        (True, False, "interleaved", False, False),
+        (False, False, "interleaved", True, False),
+        (True, True, "interleaved", True, False),
+        (False, True, "half", False, False),
+        (True, True, "half", True, True),
+        (False, False, "interleaved", False, True),
     ],
 )
-def test_matches_direct_loop(causal, rse, style, padded):
+def test_matches_direct_loop(causal, rse, layout, padded, gain):
     q, k, v, lam, grad_out = make_inputs(2, 3, 17, 16, seed=1, rse=rse)
-    kwargs = {"causal": causal, "rope": rse, "rope_style": style}
+    kwargs = {"causal": causal}
     if padded:
         kwargs["key_padding_mask"] = padding_mask(2, 17)
-    if rse:  # positions that are not 0..seq-1, different per batch row
-        kwargs["position_ids"] = torch.stack((torch.arange(17) * 2, torch.arange(17) + 5)).to(
-            DEVICE
-        )
+    if rse or gain:  # positions that are not 0..seq-1, different per batch row
+        pos = torch.stack((torch.arange(17) * 2, torch.arange(17) + 5)).to(DEVICE)
+        g = torch.linspace(0.6, 1.4, 16, device=DEVICE) if gain else None
+        kwargs.update(position_ids=pos, qk_tables=rope_tables(pos, 16, layout=layout, gain=g))
     compare(loop_reference, q, k, v, lam, grad_out, **kwargs)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_exposb_distance_hook_matches_direct_loop(causal):
+    """A bias hook without a parameter, under the stick-breaking normaliser."""
+    q, k, v, _, grad_out = make_inputs(2, 2, 17, 16, seed=12, rse=False)
+    pos = (torch.arange(17) * 40).to(DEVICE)
+    kwargs = {"causal": causal, "position_ids": pos, "score_bias": ScoreBias("exposb_distance")}
+    compare(loop_reference, q, k, v, None, grad_out, **kwargs)
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_single_token_returns_its_value(causal):
     q, k, v, lam, grad_out = make_inputs(1, 2, 1, 16, seed=2, rse=True)
+    tables = rope_tables(torch.arange(1, device=DEVICE), 16)
     out, (dq, dk, dv, dlam) = outputs_and_grads(
-        stick_breaking_attention, q, k, v, lam, grad_out, torch.float32, causal=causal, rope=True
-    )
+        stick_breaking_attention, q, k, v, lam, grad_out, torch.float32, causal=causal,
+        qk_tables=tables,
+    )  # fmt: skip
     assert torch.equal(out, v)
     assert torch.equal(dv, grad_out) and not dq.any() and not dk.any() and not dlam.any()
-    compare(loop_reference, q, k, v, lam, grad_out, causal=causal, rope=True)
+    compare(loop_reference, q, k, v, lam, grad_out, causal=causal, qk_tables=tables)
 
 
 # --------------------------------------------------------------------------------------------
-# The kernel against course_lib.attention's reference (ragged shapes, several key blocks)
+# The kernel against the vectorised reference (ragged shapes, several key blocks)
 # --------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "shape, causal, rse, style",
+    "shape, causal, rse, layout, full_tables",
     [
-        ((3, 2, 100, 32), True, False, "interleaved"),
-        ((1, 3, 130, 16), False, False, "interleaved"),
-        ((1, 3, 130, 32), True, True, "interleaved"),
-        ((2, 1, 100, 16), False, True, "half"),
+        ((3, 2, 100, 32), True, False, "interleaved", False),
+        ((1, 3, 130, 16), False, False, "interleaved", False),
+        ((1, 3, 130, 32), True, True, "interleaved", False),
+        ((2, 1, 100, 16), False, True, "half", True),
     ],
 )
-def test_matches_reference_attention(shape, causal, rse, style):
+def test_matches_vector_reference(shape, causal, rse, layout, full_tables):
     batch, heads, seq, dim = shape
     q, k, v, lam, grad_out = make_inputs(*shape, seed=3, rse=rse)
     kwargs = {"causal": causal, "key_padding_mask": padding_mask(batch, seq)}
     if rse:
-        kwargs.update(
-            rope=True, rope_style=style, position_ids=torch.arange(seq, device=DEVICE) + 7
-        )
-    compare(reference_attention, q, k, v, lam, grad_out, **kwargs)
+        pos = torch.arange(seq, device=DEVICE) + 7
+        tables = rope_tables(pos, dim, layout=layout, batch=batch if full_tables else None)
+        assert tables.cos.shape[0] == (batch if full_tables else 1)
+        kwargs.update(qk_tables=tables, position_ids=pos)
+    compare(vector_reference, q, k, v, lam, grad_out, **kwargs)
 
 
 def test_small_key_blocks_match_reference():
-    """16-wide blocks (3 of them, the last ragged) exercise the carries and checkpoints."""
+    """16-wide blocks (3 of them, the last ragged) exercise the carries, the checkpoints and the
+    per-program partial sums of the per-head gradient."""
     kernels = runtime.load_kernel_module("stick_breaking")
     batch, heads, seq, dim = 2, 1, 40, 16
     q, k, v, lam, grad_out = make_inputs(batch, heads, seq, dim, seed=4, rse=True)
     mask = padding_mask(batch, seq)
     positions = torch.arange(seq, device=DEVICE)[None]
-    angles = rope_angles(positions, dim)
-    tables = (angles.cos().contiguous(), angles.sin().contiguous())
-    args = (q, k, v, positions, mask.to(torch.int8), lam, tables)
-    opts = {"causal": False, "scale": 1.0 / math.sqrt(dim), "half_style": True, "block": 16}
+    tables = rope_tables(positions, dim, layout="half")
+    args = (q, k, v, positions.float(), mask.to(torch.int8))
+    opts = {
+        "causal": False, "scale": 1.0 / math.sqrt(dim), "qk_tables": tables,
+        "bias_hook": "linear_distance", "bias_params": lam, "block": 16,
+    }  # fmt: skip
     out, mass = kernels.stick_breaking_forward(*args, **opts)
-    grads = kernels.stick_breaking_backward(grad_out, q, k, v, mass, *args[3:], **opts)
+    grads = kernels.stick_breaking_backward(
+        grad_out, q, k, v, mass, *args[3:], bias_grad=True, **opts
+    )
     ref, ref_grads = outputs_and_grads(
-        reference_attention, q, k, v, lam, grad_out, torch.float64, causal=False,
-        key_padding_mask=mask, rope=True, rope_style="half",
+        vector_reference, q, k, v, lam, grad_out, torch.float64, causal=False,
+        key_padding_mask=mask, qk_tables=tables,
     )  # fmt: skip
     assert_close(out, ref, FP32_TOL, "output")
     assert_grads_close(grads, ref_grads, FP32_TOL)
-
-
-def test_triton_backend_of_attention_agrees():
-    """``attention(method=..., backend="triton")`` reaches these kernels and agrees."""
-    q, k, v, lam, grad_out = make_inputs(2, 2, 24, 16, seed=5, rse=True)
-    mask = padding_mask(2, 24)
-    for method, params in (("stick_breaking", {}), ("rse", {"distance_penalty": lam})):
-        for causal in (True, False):
-            kw = {"method": method, "causal": causal, "key_padding_mask": mask, **params}
-            got = attention(q, k, v, backend="triton", **kw)
-            want = attention(q.double(), k.double(), v.double(), backend="reference", **kw)
-            assert_close(got, want, FP32_TOL, f"{method}, causal={causal}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,14 +353,17 @@ def test_finite_for_huge_logits(causal):
     q, k, v, _, grad_out = make_inputs(2, 2, 70, 16, seed=7, rse=False)
     q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
     lam = torch.tensor([0.0, 50.0], device=DEVICE)
-    kwargs = {"causal": causal, "scale": 1e4, "rope": True, "key_padding_mask": padding_mask(2, 70)}
+    kwargs = {
+        "causal": causal, "scale": 1e4, "key_padding_mask": padding_mask(2, 70),
+        "qk_tables": rope_tables(torch.arange(70, device=DEVICE), 16),
+    }  # fmt: skip
     out, grads = outputs_and_grads(
         stick_breaking_attention, q, k, v, lam, grad_out, q.dtype, **kwargs
     )
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     # fp32 logits carry an absolute error of ~1e4 * 1e-7; the result still tracks float64.
     ref, ref_grads = outputs_and_grads(
-        reference_attention, q, k, v, lam, grad_out, torch.float64, **kwargs
+        vector_reference, q, k, v, lam, grad_out, torch.float64, **kwargs
     )
     assert_close(out, ref, 1e-2, "output")
     assert_grads_close(grads, ref_grads, 1e-2)
@@ -314,36 +376,85 @@ def test_strided_inputs_expanded_grad_and_determinism():
     q, k, v = (base[:, :, i].transpose(1, 2).requires_grad_() for i in range(3))
     assert not q.is_contiguous()
     lam = torch.tensor([0.1, 0.0, 0.5], device=DEVICE, requires_grad=True)
-    kwargs = {"causal": True, "rope": True, "distance_penalty": lam}
+    tables = rope_tables(torch.arange(40, device=DEVICE), 16)
+    kwargs = {"causal": True, "qk_tables": tables, "score_bias": ScoreBias("linear_distance", lam)}
     grads = [torch.autograd.grad(stick_breaking_attention(q, k, v, **kwargs).sum(), (q, k, v, lam))
              for _ in range(2)]  # fmt: skip
     for first, second in zip(*grads, strict=True):
         assert torch.equal(first, second), "the backward must be deterministic"
+    contiguous = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
+    again = torch.autograd.grad(
+        stick_breaking_attention(*contiguous, **kwargs).sum(), (*contiguous, lam)
+    )
+    for first, third in zip(grads[0], again, strict=True):
+        assert torch.equal(first, third), "strided views must read exactly what copies hold"
     q64, k64, v64, lam64 = (t.detach().double().requires_grad_() for t in (q, k, v, lam))
-    ref = reference_attention(q64, k64, v64, causal=True, rope=True, distance_penalty=lam64)
+    ref = vector_reference(
+        q64, k64, v64, qk_tables=tables, score_bias=ScoreBias("linear_distance", lam64)
+    )
     ref_grads = torch.autograd.grad(ref.sum(), (q64, k64, v64, lam64))
     assert_grads_close(grads[0], ref_grads, FP32_TOL)
 
 
-def test_gradients_only_where_asked():
+def test_per_head_gradient_matches_autograd_of_explicit_weights():
+    """``linear_distance`` without tables: the gradient of ``per_head`` (and q) against torch
+    autograd of the explicit stick-breaking weights; none is returned where none is asked."""
     q, k, v, lam, grad_out = make_inputs(1, 2, 20, 16, seed=9, rse=True)
+    pos = (torch.arange(20) * 2).to(DEVICE)
     q.requires_grad_()
-    out = stick_breaking_attention(q, k, v, rope=True, distance_penalty=lam)
+    out = stick_breaking_attention(
+        q, k, v, position_ids=pos, score_bias=ScoreBias("linear_distance", lam)
+    )
     (dq,) = torch.autograd.grad(out, (q,), grad_out)
-    assert torch.isfinite(dq).all() and dq.abs().max() > 0
+    assert torch.isfinite(dq).all() and dq.abs().max() > 0 and lam.grad is None
     lam.requires_grad_()
-    out = stick_breaking_attention(q, k, v, distance_penalty=lam)  # penalty without rope
+    bias = ScoreBias("linear_distance", lam)
+    out = stick_breaking_attention(q, k, v, position_ids=pos, score_bias=bias)
     dq, dlam = torch.autograd.grad(out, (q, lam), grad_out)
     q64, lam64 = q.detach().double().requires_grad_(), lam.detach().double().requires_grad_()
-    ref = loop_reference(q64, k, v, causal=True, distance_penalty=lam64)
+    ref = loop_reference(
+        q64, k, v, position_ids=pos, score_bias=ScoreBias("linear_distance", lam64)
+    )
     ref_dq, ref_dlam = torch.autograd.grad(ref, (q64, lam64), grad_out.double())
+    assert dlam.shape == lam.shape and dlam.dtype == lam.dtype
     assert_close(dq, ref_dq, FP32_TOL, "dq")
-    assert_close(dlam, ref_dlam, FP32_TOL, "dlambda")
+    assert_close(dlam, ref_dlam, FP32_TOL, "dper_head")
+
+
+def test_shared_tables_and_gain_of_ones():
+    """cos/sin ``[1, seq, D/2]`` (batch stride 0) == repeated per batch; gain None == ones."""
+    q, k, v, lam, grad_out = make_inputs(2, 2, 30, 16, seed=10, rse=True)
+    pos = torch.arange(30, device=DEVICE)
+    shared = rope_tables(pos, 16)
+    ones = torch.ones(16, device=DEVICE)
+    variants = [shared, rope_tables(pos, 16, batch=2), replace(shared, gain=ones)]
+    results = [
+        outputs_and_grads(
+            stick_breaking_attention,
+            q,
+            k,
+            v,
+            lam,
+            grad_out,
+            torch.float32,
+            causal=False,
+            qk_tables=tables,
+        )  # fmt: skip
+        for tables in variants
+    ]
+    for out, grads in results[1:]:
+        assert torch.equal(out, results[0][0])
+        for a, b in zip(grads, results[0][1], strict=True):
+            assert torch.equal(a, b)
+    other = replace(shared, gain=torch.linspace(0.5, 1.5, 16, device=DEVICE))
+    out = stick_breaking_attention(q, k, v, causal=False, qk_tables=other)
+    assert not torch.allclose(out, results[0][0])
 
 
 def test_float16_inputs_keep_their_dtype():
     q, k, v, lam, grad_out = make_inputs(1, 2, 33, 16, seed=10, rse=True, dtype=torch.float16)
-    compare(reference_attention, q, k, v, lam, grad_out, tol=2e-2, causal=True, rope=True)
+    tables = rope_tables(torch.arange(33, device=DEVICE), 16)
+    compare(vector_reference, q, k, v, lam, grad_out, tol=2e-2, causal=True, qk_tables=tables)
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,6 +464,7 @@ def test_float16_inputs_keep_their_dtype():
 
 def test_bad_inputs_raise_clear_errors():
     q, k, v, _, _ = make_inputs(2, 3, 10, 16, seed=11, rse=False)
+    tables = rope_tables(torch.arange(10, device=DEVICE), 16)
     with pytest.raises(ValueError, match="head_dim"):
         x = torch.randn(2, 3, 10, 24, device=DEVICE)
         stick_breaking_attention(x, x, x)
@@ -366,13 +478,17 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(TypeError, match="dtypes"):
         stick_breaking_attention(q.double(), k.double(), v.double())
     with pytest.raises(ValueError, match=r"shape \[heads\]"):
-        stick_breaking_attention(q, k, v, distance_penalty=torch.ones(2, device=DEVICE))
-    with pytest.raises(ValueError, match=">= 0"):
-        stick_breaking_attention(q, k, v, distance_penalty=-torch.ones(3, device=DEVICE))
+        bias = ScoreBias("linear_distance", torch.ones(2, device=DEVICE))
+        stick_breaking_attention(q, k, v, score_bias=bias)
     with pytest.raises(TypeError, match="floating-point"):
-        stick_breaking_attention(q, k, v, distance_penalty=torch.ones(3, dtype=torch.long))
-    with pytest.raises(ValueError, match="rope_style"):
-        stick_breaking_attention(q, k, v, rope=True, rope_style="pairs")
+        bias = ScoreBias("linear_distance", torch.ones(3, dtype=torch.long))
+        stick_breaking_attention(q, k, v, score_bias=bias)
+    with pytest.raises(ValueError, match="unknown score-bias hook"):
+        stick_breaking_attention(q, k, v, score_bias=ScoreBias("rse"))
+    with pytest.raises(ValueError, match="layout"):
+        stick_breaking_attention(q, k, v, qk_tables=replace(tables, layout="pairs"))
+    with pytest.raises(ValueError, match="qk_tables.sin"):
+        stick_breaking_attention(q, k, v, qk_tables=replace(tables, sin=tables.sin[:, :9]))
     with pytest.raises(TypeError, match="bool"):
         stick_breaking_attention(q, k, v, key_padding_mask=torch.ones(2, 10, device=DEVICE))
     with pytest.raises(ValueError, match=r"\[batch, seq\]"):
@@ -404,13 +520,14 @@ def test_cuda_matches_reference(dtype, tol, dim, causal, rse):
     q, k, v, lam, grad_out = make_inputs(batch, heads, seq, dim, seed=12, rse=rse, dtype=dtype)
     kwargs = {"causal": causal, "key_padding_mask": padding_mask(batch, seq)}
     if rse:
-        kwargs.update(rope=True, position_ids=torch.arange(seq, device=DEVICE) * 3)
+        pos = torch.arange(seq, device=DEVICE) * 3
+        kwargs.update(qk_tables=rope_tables(pos, dim), position_ids=pos)
     out, grads = outputs_and_grads(
         stick_breaking_attention, q, k, v, lam, grad_out, dtype, **kwargs
     )
     assert out.dtype == dtype
     ref, ref_grads = outputs_and_grads(
-        reference_attention, q, k, v, lam, grad_out, torch.float64, **kwargs
+        vector_reference, q, k, v, lam, grad_out, torch.float64, **kwargs
     )
     assert_close(out, ref, tol, "output")
     grad_tol = tol if dtype == torch.float32 else 3e-2
@@ -423,9 +540,10 @@ def test_cuda_finite_for_huge_logits(dtype):
     q, k, v, _, grad_out = make_inputs(2, 2, 200, 64, seed=13, rse=False, dtype=dtype)
     q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
     lam = torch.tensor([0.0, 50.0], device=DEVICE)
+    tables = rope_tables(torch.arange(200, device=DEVICE), 64, layout="half")
     for causal in (True, False):
         out, grads = outputs_and_grads(
             stick_breaking_attention, q, k, v, lam, grad_out, dtype, causal=causal, scale=1e4,
-            rope=True, rope_style="half",
+            qk_tables=tables,
         )  # fmt: skip
         assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)

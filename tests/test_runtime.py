@@ -1,10 +1,14 @@
 """Where kernels run is decided once; without Triton the kernel path says so, never substitutes."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import course_lib.runtime as runtime
-from course_lib.attention import attention
+from course_lib.flash_ops import flash_attention
+from course_lib.stick_ops import stick_breaking_attention
 
 
 def test_mode_is_decided_and_described():
@@ -14,17 +18,35 @@ def test_mode_is_decided_and_described():
     assert isinstance(runtime.describe_kernel_mode(), str)
 
 
-def test_without_triton_the_triton_backend_raises_a_clear_error(monkeypatch):
+def test_without_triton_the_kernel_wrappers_raise_a_clear_error(monkeypatch):
     monkeypatch.setattr(runtime, "KERNEL_MODE", "unavailable")
     assert not runtime.kernels_available()
     assert "Linux" in runtime.describe_kernel_mode()
     q = torch.randn(1, 2, 4, 16)
     with pytest.raises(runtime.KernelsUnavailableError, match="backend='reference'"):
-        attention(q, q, q, backend="triton")
+        flash_attention(q, q, q)
     with pytest.raises(runtime.KernelsUnavailableError, match="Linux"):
-        attention(q, q, q, method="stick_breaking", backend="triton")
-    # the reference path is untouched
-    assert attention(q, q, q).shape == q.shape
+        stick_breaking_attention(q, q, q)
+
+
+def test_kernel_limits_are_readable_without_triton():
+    """``course_lib.kernels.limits`` (what the kernels accept) never imports Triton."""
+    code = (
+        "import sys; import course_lib.kernels.limits as limits; "
+        "assert 'triton' not in sys.modules, 'triton was imported'; "
+        "print(limits.KERNEL_HEAD_DIMS, limits.PAIR_LAYOUTS)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "(16, 32, 64, 128)" in done.stdout
+
+
+@pytest.mark.skipif(not runtime.kernels_available(), reason="the hook table needs Triton")
+def test_hook_names_match_the_limits():
+    from course_lib.kernels.limits import SCORE_BIAS_HOOK_NAMES
+    from course_lib.kernels.score_bias import SCORE_BIAS_HOOKS
+
+    assert tuple(SCORE_BIAS_HOOKS) == SCORE_BIAS_HOOK_NAMES
 
 
 @pytest.mark.skipif(runtime.KERNEL_MODE != "interpreter", reason="checks the CPU interpreter path")

@@ -1,0 +1,276 @@
+"""What both kernel families share: the per-program preamble and the launch-side argument checks.
+
+Layout convention (flash and stick-breaking alike):
+
+* ``q``, ``k``, ``v`` and the incoming gradient ``dO`` are ``[batch, heads, seq, head_dim]`` read
+  through their four strides, so views such as ``x.view(b, n, h, d).transpose(1, 2)`` go in
+  without a copy. What the kernels write (outputs, gradients, row statistics) is allocated
+  contiguous by the launchers.
+* ``positions``: float32 ``[1 or batch, seq]`` (a leading 1 is read with batch stride 0).
+* ``key_mask``: int8 ``[batch, seq]``, nonzero = real token.
+* q/k tables (see :class:`course_lib.kernel_hooks.QKTables`): ``cos``, ``sin`` float32
+  ``[1 or batch, seq, head_dim/2]`` (batch stride 0 for a leading 1; seq and pair dimensions
+  contiguous), ``gain`` float32 ``[head_dim]`` or None, ``layout`` in :data:`PAIR_LAYOUTS`.
+* score-bias parameters: the tensor a hook reads (``per_head`` float32 ``[heads]``), moved to
+  the program's (batch, head) by ``batch * stride_bias_b + head * stride_bias_h``.
+
+Every kernel of both families starts with :func:`_program_setup`, which turns the program ids
+into the block index and the (batch, head) and moves every per-(batch, head) pointer there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS, PAIR_LAYOUTS
+from .score_bias import BiasHook, get_hook
+
+__all__ = ["LaunchArgs", "check_launch_inputs", "dot_precision", "prepare_launch"]
+
+
+@triton.jit
+def _program_setup(
+    Q,
+    K,
+    V,
+    OUT,
+    POS,
+    KPM,
+    COS,
+    SIN,
+    BIAS,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_pos_b,
+    stride_tab_b,
+    stride_bias_b,
+    stride_bias_h,
+    num_heads,
+    seq_len,
+    REVERSED: tl.constexpr,
+):
+    """Program ids -> ``(block, batch*heads index, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS)``.
+
+    ``block`` is ``program_id(0)``, counted from the last block if ``REVERSED`` (causal row
+    programs: the last blocks have the most work, so they start first); ``program_id(1)`` is
+    ``batch * num_heads + head``. Each pointer is moved to this (batch, head): q, k, v and ``OUT``
+    (the output in a forward, ``dO`` in a backward) by their batch and head strides, positions
+    and tables by their batch stride (0 when shared by the batch), the key mask by
+    ``batch * seq_len``, the score-bias parameters by their batch and head strides.
+    """
+    if REVERSED:
+        blk = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // num_heads
+    h = bh % num_heads
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    OUT += b * stride_ob + h * stride_oh
+    POS += b * stride_pos_b
+    KPM += b * seq_len
+    COS += b * stride_tab_b
+    SIN += b * stride_tab_b
+    BIAS += b * stride_bias_b + h * stride_bias_h
+    return blk, bh, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs use exact IEEE products (tf32 would miss a 1e-4 tolerance)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@dataclass(frozen=True)
+class LaunchArgs:
+    """The tensors and switches of one launch, absent inputs replaced by never-read dummies."""
+
+    mask: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    gain: torch.Tensor
+    bias_params: torch.Tensor
+    stride_pos_b: int
+    stride_tab_b: int
+    stride_bias_b: int
+    stride_bias_h: int
+    has_mask: bool
+    has_tables: bool
+    has_gain: bool
+    half_layout: bool
+    hook: BiasHook | None
+
+    def strides(self) -> tuple[int, int, int, int]:
+        """``(stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h)``."""
+        return self.stride_pos_b, self.stride_tab_b, self.stride_bias_b, self.stride_bias_h
+
+
+def _fail(message: str, error: type = ValueError):
+    raise error(message)
+
+
+def check_launch_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    qk_tables,
+    bias_hook: str | None,
+    bias_params: torch.Tensor | None,
+) -> None:
+    """Raise a ValueError/TypeError saying what is wrong with a launch's inputs."""
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        _fail(
+            "q, k, v must all be [batch, heads, seq, head_dim] with the same shape, got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in KERNEL_DTYPES:
+        _fail(
+            f"q, k, v must share one dtype of {[str(d) for d in KERNEL_DTYPES]}, "
+            f"got {q.dtype}, {k.dtype}, {v.dtype}",
+            TypeError,
+        )
+    batch, heads, seq, head_dim = q.shape
+    if head_dim not in KERNEL_HEAD_DIMS:
+        _fail(f"head_dim must be one of {list(KERNEL_HEAD_DIMS)}, got {head_dim}")
+    if seq < 1:
+        _fail(f"seq must be >= 1, got {seq}")
+    if batch * heads > MAX_BATCH_HEADS:
+        _fail(f"batch * heads must be <= {MAX_BATCH_HEADS}, got {batch * heads}")
+    if (
+        positions.dtype != torch.float32
+        or positions.dim() != 2
+        or positions.shape[0] not in (1, batch)
+        or positions.shape[1] != seq
+    ):
+        _fail(
+            f"positions must be float32 [1 or {batch}, {seq}] for the kernel, got "
+            f"{positions.dtype} {tuple(positions.shape)}"
+        )
+    if key_mask is not None and tuple(key_mask.shape) != (batch, seq):
+        _fail(f"key_mask must be [{batch}, {seq}], got {tuple(key_mask.shape)}")
+    if qk_tables is not None:
+        _check_tables(qk_tables, batch, seq, head_dim, q.device)
+    if bias_hook is None:
+        if bias_params is not None:
+            _fail("bias parameters were given without a score-bias hook")
+        return
+    hook = get_hook(bias_hook)
+    if hook.param is None and bias_params is not None:
+        _fail(f"the score bias {hook.name!r} ({hook.formula}) takes no per_head tensor")
+    if hook.param == "per_head":
+        if bias_params is None:
+            _fail(f"the score bias {hook.name!r} ({hook.formula}) needs per_head [{heads}]")
+        if not bias_params.is_floating_point():
+            _fail(f"per_head must be floating-point, got {bias_params.dtype}", TypeError)
+        if tuple(bias_params.shape) != (heads,):
+            _fail(f"per_head must have shape [heads] = [{heads}], got {tuple(bias_params.shape)}")
+        if bias_params.device != q.device:
+            _fail(f"per_head must be on {q.device}, got {bias_params.device}")
+
+
+def _check_tables(tables, batch: int, seq: int, head_dim: int, device: torch.device) -> None:
+    layout = getattr(tables, "layout", None)
+    if layout not in PAIR_LAYOUTS:
+        _fail(f"qk_tables.layout must be one of {list(PAIR_LAYOUTS)}, got {layout!r}")
+    want = f"float32 [1 or {batch}, {seq}, {head_dim // 2}]"
+    for name in ("cos", "sin"):
+        table = getattr(tables, name)
+        if not isinstance(table, torch.Tensor):
+            _fail(f"qk_tables.{name} must be a tensor {want}", TypeError)
+        if table.dtype != torch.float32:
+            _fail(f"qk_tables.{name} must be {want}, got dtype {table.dtype}", TypeError)
+        if (
+            table.dim() != 3
+            or table.shape[0] not in (1, batch)
+            or tuple(table.shape[1:]) != (seq, head_dim // 2)
+        ):
+            _fail(f"qk_tables.{name} must be {want}, got shape {tuple(table.shape)}")
+        if table.device != device:
+            _fail(f"qk_tables.{name} must be on {device}, got {table.device}")
+    if tables.cos.shape != tables.sin.shape:
+        _fail(
+            "qk_tables.cos and qk_tables.sin must have the same shape, got "
+            f"{tuple(tables.cos.shape)} and {tuple(tables.sin.shape)}"
+        )
+    gain = tables.gain
+    if gain is not None:
+        if not isinstance(gain, torch.Tensor) or gain.dtype != torch.float32:
+            _fail(f"qk_tables.gain must be a float32 tensor [{head_dim}] or None", TypeError)
+        if tuple(gain.shape) != (head_dim,):
+            _fail(f"qk_tables.gain must have shape [{head_dim}], got {tuple(gain.shape)}")
+        if gain.device != device:
+            _fail(f"qk_tables.gain must be on {device}, got {gain.device}")
+
+
+def _batch_stride(x: torch.Tensor) -> int:
+    return 0 if x.shape[0] == 1 else x.stride(0)
+
+
+def _dense_rows(table: torch.Tensor) -> torch.Tensor:
+    """``[B, seq, W]`` with contiguous seq and pair dimensions (any batch stride); O(seq) copy
+    only if they are not."""
+    seq, width = table.shape[1:]
+    if table.stride(2) == 1 and (table.stride(1) == width or seq == 1):
+        return table
+    return table.contiguous()
+
+
+def prepare_launch(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    qk_tables,
+    bias_hook: str | None,
+    bias_params: torch.Tensor | None,
+) -> LaunchArgs:
+    """The arguments a launch passes besides q, k, v (checked by :func:`check_launch_inputs`)."""
+    dummy = torch.zeros(1, dtype=torch.float32, device=q.device)
+    if key_mask is None:
+        mask = torch.ones(1, dtype=torch.int8, device=q.device)
+    else:
+        mask = key_mask.to(torch.int8).contiguous()
+    if qk_tables is None:
+        cos = sin = gain = dummy
+        stride_tab_b = 0
+    else:
+        cos, sin = _dense_rows(qk_tables.cos), _dense_rows(qk_tables.sin)
+        if cos.stride() != sin.stride():
+            cos, sin = cos.contiguous(), sin.contiguous()
+        stride_tab_b = _batch_stride(cos)
+        gain = dummy if qk_tables.gain is None else qk_tables.gain.contiguous()
+    hook = None if bias_hook is None else get_hook(bias_hook)
+    params, stride_bias_b, stride_bias_h = dummy, 0, 0
+    if bias_params is not None:
+        params = bias_params.detach().to(torch.float32).contiguous()
+        stride_bias_h = 1  # per_head [heads]: the same value for every batch row
+    return LaunchArgs(
+        mask=mask,
+        cos=cos,
+        sin=sin,
+        gain=gain,
+        bias_params=params,
+        stride_pos_b=_batch_stride(positions),
+        stride_tab_b=stride_tab_b,
+        stride_bias_b=stride_bias_b,
+        stride_bias_h=stride_bias_h,
+        has_mask=key_mask is not None,
+        has_tables=qk_tables is not None,
+        has_gain=qk_tables is not None and qk_tables.gain is not None,
+        # Without tables any split of the channels gives the same q . k; the half split reads
+        # contiguous memory.
+        half_layout=qk_tables is None or qk_tables.layout == "half",
+        hook=hook,
+    )
