@@ -20,7 +20,8 @@ into cos and sin), ExpoSB's amplitude (in cos/sin) and band gain (``gain``), and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,9 +51,18 @@ class ScoreBias:
 
     ``hook``: a name in ``course_lib.kernels.score_bias.SCORE_BIAS_HOOKS``, e.g.
     ``"linear_distance"`` (``b_ij = -per_head[h] * |p_i - p_j|``) or ``"exposb_distance"``
-    (``b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))``). ``per_head``: floating ``[heads]`` or
-    None; when it requires grad the kernels return its gradient, reduced from ``dS``.
+    (``b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))``). The tensors a hook reads:
+
+    * ``per_head``: floating ``[heads]`` or ``[heads, width]`` (e.g. a table of one value per
+      head and bucket), or None;
+    * ``per_token``: floating ``[batch, heads, seq]`` (e.g. cumulative log forget gates), or None;
+    * ``options``: the hook's compile-time constants (e.g. a number of buckets), names to ints,
+      floats or bools.
+
+    When a tensor requires grad, the kernels return its gradient, reduced from ``dS``.
     """
 
     hook: str
     per_head: torch.Tensor | None = None
+    per_token: torch.Tensor | None = None
+    options: Mapping[str, int | float | bool] = field(default_factory=dict)
