@@ -17,13 +17,17 @@ from course_lib.data import (
     TOKENIZER,
     VOCAB_SIZE,
     ByteTokenizer,
+    batches,
     clm_batch,
+    corpus,
     eval_windows,
     load_corpus,
     mask_tokens,
     mlm_batch,
     pad_batch,
+    probes,
     retrieval_probe,
+    tokenizer,
     train_val_split,
     unigram_entropy,
     word_order_probe,
@@ -47,6 +51,19 @@ def fresh_corpus_cache():
 @pytest.fixture(scope="module")
 def train_stream() -> torch.Tensor:
     return train_val_split()[0]
+
+
+# --------------------------------------------------------------------------------------- layout
+
+
+def test_package_exports_every_public_name_of_its_modules_once():
+    owners: dict[str, list[str]] = {}
+    for module in (corpus, tokenizer, batches, probes):
+        for name in module.__all__:
+            owners.setdefault(name, []).append(module.__name__)
+            assert getattr(data, name) is getattr(module, name), name
+    assert sorted(owners) == sorted(data.__all__)
+    assert all(len(modules) == 1 for modules in owners.values()), owners
 
 
 # --------------------------------------------------------------------------------------- corpus
@@ -78,7 +95,7 @@ def test_normalize_text():
 
 
 def test_fallback_corpus_used_when_pydoc_data_missing(monkeypatch, fresh_corpus_cache):
-    monkeypatch.setattr(data, "_pydoc_topic_documents", list)
+    monkeypatch.setattr(corpus, "_pydoc_topic_documents", list)
     assert data.corpus_source() == "stdlib_docstrings"
     text = load_corpus()
     assert len(text) >= data.CORPUS_MIN_CHARS
@@ -86,8 +103,8 @@ def test_fallback_corpus_used_when_pydoc_data_missing(monkeypatch, fresh_corpus_
 
 
 def test_corpus_error_when_no_source_is_large_enough(monkeypatch, fresh_corpus_cache):
-    monkeypatch.setattr(data, "_pydoc_topic_documents", lambda: ["too short"])
-    monkeypatch.setattr(data, "_stdlib_docstring_documents", lambda: ["also short"])
+    monkeypatch.setattr(corpus, "_pydoc_topic_documents", lambda: ["too short"])
+    monkeypatch.setattr(corpus, "_stdlib_docstring_documents", lambda: ["also short"])
     with pytest.raises(RuntimeError, match="no usable offline corpus"):
         load_corpus()
     with pytest.raises(RuntimeError, match="only"):

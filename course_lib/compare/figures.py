@@ -1,7 +1,9 @@
 """Figures of the encoding comparison (:mod:`course_lib.compare`), drawn from its result dicts.
 
 Each ``plot_*`` function takes the list that :func:`course_lib.compare.load_results` returns,
-draws one figure and returns it; :func:`write_figures` saves them all into a folder.
+draws one figure and returns it; :func:`write_figures` saves them all into a folder. Each
+encoding is drawn in its registry colour (:func:`encoding_color`), the same in every figure of
+the course; a figure shows the encodings that have results and no others.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from course_lib.encodings import get_encoding
+
 __all__ = [
-    "ENCODING_COLORS",
+    "encoding_color",
     "plot_loss_curves",
     "plot_extrapolation",
     "plot_retrieval_by_position",
@@ -21,15 +25,13 @@ __all__ = [
     "write_figures",
 ]
 
-ENCODING_COLORS = {
-    "none": "#7f7f7f",
-    "absolute": "#1f77b4",
-    "learned": "#ff7f0e",
-    "rope": "#2ca02c",
-    "exposb": "#9467bd",
-    "rse": "#d62728",
-}
 OBJECTIVE_TITLES = {"clm": "causal LM (clm)", "mlm": "masked LM (mlm)"}
+
+
+def encoding_color(name: str) -> str:
+    """The matplotlib colour of encoding ``name``: ``REGISTRY[name].color`` (an unknown name
+    raises a ValueError listing the registered ones)."""
+    return get_encoding(name).color
 
 
 def _objectives(results: list[dict]) -> list[str]:
@@ -68,7 +70,7 @@ def plot_loss_curves(results: list[dict], *, show_train: bool = True, train_poin
     fig, axes = _axes(len(objectives))
     for ax, objective in zip(axes, objectives, strict=True):
         for r in _runs(results, objective):
-            color = ENCODING_COLORS[r["encoding"]]
+            color = encoding_color(r["encoding"])
             if show_train:
                 train = r["curves"]["train"]
                 xs, ys = _binned_mean(train["step"], train["loss"], train_points)
@@ -96,7 +98,7 @@ def plot_extrapolation(results: list[dict]):
     for ax, objective in zip(axes, objectives, strict=True):
         runs = _runs(results, objective)
         for r in runs:
-            color = ENCODING_COLORS[r["encoding"]]
+            color = encoding_color(r["encoding"])
             ok = [e for e in r["extrapolation"] if e["status"] == "ok"]
             ax.plot(
                 [e["multiple"] for e in ok],
@@ -139,7 +141,7 @@ def plot_retrieval_by_position(results: list[dict]):
                 table["accuracy"],
                 marker="o",
                 ms=3,
-                color=ENCODING_COLORS[r["encoding"]],
+                color=encoding_color(r["encoding"]),
                 label=r["encoding"],
             )
         if runs:
@@ -178,7 +180,7 @@ def plot_probe_accuracy(results: list[dict]):
                 ]
                 heights.append(run[0]["probes"][task]["accuracy"] if run else math.nan)
             xs = [j + (i - (len(encodings) - 1) / 2) * width for j in range(len(objectives))]
-            ax.bar(xs, heights, width, color=ENCODING_COLORS[encoding], label=encoding)
+            ax.bar(xs, heights, width, color=encoding_color(encoding), label=encoding)
         chance = next(r["probes"][task]["chance"] for r in results if task in r["probes"])
         ax.axhline(chance, color="black", ls=":", lw=0.8)
         ax.set_xticks(range(len(objectives)), objectives)

@@ -1,0 +1,283 @@
+"""The comparison's presets, as data: model size, training budget, probes and evaluation.
+
+A :class:`Preset` fixes everything that defines a comparison except which runs it makes; a
+:class:`ProbeSpec` fixes one probe (task, examples, seeds, fine-tuning budget). :data:`PRESETS`:
+
+* ``gpu``: the implementation report's model (hidden 384, 6 layers, 6 heads of 64, sequence
+  256), Triton kernels, bf16 autocast; budget sized for about 15 minutes for the twelve runs of
+  the six original encodings on one H100 (an estimate: the preset has not been timed on a GPU yet).
+* ``cpu``: hidden 64, 2 layers, 4 heads of 16, sequence 64, 300 clm / 600 mlm steps, reference
+  attention, one thread; its twelve committed runs (six encodings, two objectives) took about
+  7 minutes on a 2-core CPU (retrieval probe on clm runs only). Its results are committed in
+  ``figures/compare_cpu/``.
+* ``tiny``: for tests and live demonstrations (seconds per run).
+
+:func:`choose_preset` picks one by name (``"auto"`` = ``gpu`` if CUDA is available, else ``cpu``).
+A preset's runs cover every registered encoding unless its ``encodings`` names some.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from course_lib.data import VOCAB_SIZE, ProbeBatch, retrieval_probe, word_order_probe
+from course_lib.encodings import REGISTRY
+from course_lib.model import OBJECTIVES, BertConfig
+from course_lib.train import ProbeConfig, TrainConfig
+
+__all__ = ["FORMAT_VERSION", "OBJECTIVES", "PRESETS", "Preset", "ProbeSpec", "choose_preset"]
+
+#: Version of the result and checkpoint identity; a change makes saved runs count as different.
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One probe: which task, how many examples (train / held-out eval, each with its own seed),
+    the task's own parameters, and the fine-tuning budget."""
+
+    task: str  # "word_order" | "retrieval"
+    train_examples: int
+    eval_examples: int
+    finetune: ProbeConfig
+    train_seed: int = 101
+    eval_seed: int = 202
+    context_len: int = 8  # retrieval only
+    alphabet: str = "abcdefghijklmnopqrstuvwxyz"  # retrieval only
+    objectives: tuple[str, ...] = OBJECTIVES  # the runs this probe is applied to
+
+    def _generate(self, n: int, seed: int) -> ProbeBatch:
+        if self.task == "word_order":
+            return word_order_probe(n, seed)
+        if self.task == "retrieval":
+            return retrieval_probe(n, self.context_len, seed, alphabet=self.alphabet)
+        raise ValueError(f"unknown probe task {self.task!r}; valid: 'word_order', 'retrieval'")
+
+    def make(self, split: str) -> ProbeBatch:
+        """The :class:`~course_lib.data.ProbeBatch` of ``split`` ("train" or "eval").
+
+        Held-out means unseen: eval examples whose text is also a training example are dropped
+        (word-order pairs go together, as both orders of a pair are in the training set too), so
+        the eval set may be a little smaller than ``eval_examples``."""
+        if split == "train":
+            return self._generate(self.train_examples, self.train_seed)
+        if split != "eval":
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        seen = set(self._generate(self.train_examples, self.train_seed).texts)
+        probe = self._generate(self.eval_examples, self.eval_seed)
+        keep = torch.tensor([text not in seen for text in probe.texts])
+        return ProbeBatch(
+            input_ids=probe.input_ids[keep],
+            answer_index=probe.answer_index[keep],
+            answer_len=probe.answer_len,
+            answer_id=probe.answer_id[keep],
+            candidate_ids=probe.candidate_ids[keep],
+            target_position=probe.target_position[keep],
+            texts=tuple(t for t, k in zip(probe.texts, keep.tolist(), strict=True) if k),
+        )
+
+    @property
+    def chance(self) -> float:
+        """Accuracy of a uniform guess among the candidates."""
+        return 0.5 if self.task == "word_order" else 1.0 / len(self.alphabet)
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens per example (all examples of a probe have the same length)."""
+        sample = replace(self, train_examples=2).make("train")
+        return sample.input_ids.shape[1]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything that defines a comparison except the list of runs."""
+
+    name: str
+    description: str
+    device: str  # "cpu" or "cuda"
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    dropout: float
+    backend: str
+    train: TrainConfig
+    probes: tuple[ProbeSpec, ...]
+    length_multiples: tuple[int, ...] = (1, 2, 4)
+    eval_tokens: int = 8192  # validation tokens per length in the final evaluation
+    eval_batch_size: int = 8
+    cpu_threads: int | None = None  # torch.set_num_threads on CPU (None: leave as is)
+    mlm_steps: int | None = None  # training steps of the mlm runs (None: train.steps)
+    encodings: tuple[str, ...] | None = None  # None: every registered encoding
+    objectives: tuple[str, ...] = OBJECTIVES
+
+    def __post_init__(self) -> None:
+        for spec in self.probes:
+            if spec.sequence_length > self.train.seq_len:
+                raise ValueError(
+                    f"preset {self.name!r}: {spec.task} probe examples have "
+                    f"{spec.sequence_length} tokens, more than the training length "
+                    f"{self.train.seq_len} (the learned table would have no rows for them)"
+                )
+
+    def encoding_names(self) -> tuple[str, ...]:
+        """The encodings a comparison of this preset trains: ``encodings``, or, when it is None,
+        every encoding in :data:`course_lib.encodings.REGISTRY` at the time of the call (so an
+        encoding registered later is included), in the registry's order."""
+        return tuple(REGISTRY) if self.encodings is None else tuple(self.encodings)
+
+    def train_config(self, objective: str) -> TrainConfig:
+        """The training budget of ``objective``'s runs (the same for every encoding)."""
+        if objective == "mlm" and self.mlm_steps is not None:
+            return replace(self.train, steps=self.mlm_steps)
+        return self.train
+
+    def model_config(self, encoding: str, objective: str) -> BertConfig:
+        """The model of one run. ``max_position_embeddings`` is the training length, so the
+        learned table really has no rows past it."""
+        return BertConfig(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            max_position_embeddings=self.train.seq_len,
+            encoding=encoding,
+            objective=objective,
+            dropout=self.dropout,
+            backend=self.backend,
+        )
+
+    def identity(self, encoding: str, objective: str) -> dict:
+        """What must match for a saved checkpoint or result to count as this run (JSON types:
+        tuples become lists, so it compares equal to what a results file holds)."""
+        identity = {
+            "format_version": FORMAT_VERSION,
+            "preset": self.name,
+            "model_config": self.model_config(encoding, objective).to_dict(),
+            "train_config": asdict(self.train_config(objective)),
+            "probes": [asdict(p) for p in self.probes],
+            "length_multiples": list(self.length_multiples),
+            "eval_tokens": self.eval_tokens,
+        }
+        return json.loads(json.dumps(identity))
+
+
+def _probe_config(steps: int, batch_size: int, learning_rate: float) -> ProbeConfig:
+    return ProbeConfig(
+        steps=steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        warmup_steps=max(1, steps // 20),
+    )
+
+
+PRESETS: dict[str, Preset] = {
+    "gpu": Preset(
+        name="gpu",
+        description=(
+            "the implementation report's model (hidden 384, 6 layers, 6 heads of 64, sequence "
+            "256) with the Triton kernels in bf16 autocast on one GPU"
+        ),
+        device="cuda",
+        hidden_size=384,
+        num_layers=6,
+        num_heads=6,
+        dropout=0.1,
+        backend="triton",
+        train=TrainConfig(
+            steps=1500,
+            batch_size=32,
+            seq_len=256,
+            learning_rate=1e-3,
+            warmup_steps=100,
+            eval_every=100,
+            eval_windows=128,
+            eval_batch_size=32,
+            log_every=10,
+            checkpoint_every=250,
+            autocast_dtype="bfloat16",
+        ),
+        probes=(
+            ProbeSpec("word_order", 2048, 512, _probe_config(500, 64, 3e-4)),
+            ProbeSpec("retrieval", 8192, 1024, _probe_config(1500, 64, 3e-4), context_len=32),
+        ),
+        eval_tokens=65536,
+        eval_batch_size=16,
+    ),
+    "cpu": Preset(
+        name="cpu",
+        description=(
+            "a small model (hidden 64, 2 layers, 4 heads of 16, sequence 64; 300 steps for clm, "
+            "600 for mlm, batch 16) with the reference attention on one CPU thread"
+        ),
+        device="cpu",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        dropout=0.0,
+        backend="reference",
+        train=TrainConfig(
+            steps=300,
+            batch_size=16,
+            seq_len=64,
+            learning_rate=3e-3,
+            warmup_steps=30,
+            eval_every=25,
+            eval_windows=128,
+            checkpoint_every=50,
+        ),
+        probes=(
+            ProbeSpec("word_order", 512, 256, _probe_config(300, 32, 1e-3)),
+            # The causal models only: it keeps the CPU budget (the gpu preset runs both).
+            ProbeSpec("retrieval", 2048, 512, _probe_config(800, 32, 1e-3), objectives=("clm",)),
+        ),
+        eval_tokens=8192,
+        cpu_threads=1,
+        mlm_steps=600,
+    ),
+    "tiny": Preset(
+        name="tiny",
+        description=(
+            "a tiny budget (hidden 64, 2 layers, 4 heads of 16, sequence 40, 100 steps) for tests "
+            "and live demonstrations"
+        ),
+        device="cpu",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        dropout=0.0,
+        backend="reference",
+        train=TrainConfig(
+            steps=100,
+            batch_size=16,
+            seq_len=40,
+            learning_rate=3e-3,
+            warmup_steps=10,
+            eval_every=25,
+            eval_windows=32,
+            checkpoint_every=50,
+        ),
+        probes=(
+            ProbeSpec("word_order", 256, 128, _probe_config(300, 32, 1e-3)),
+            ProbeSpec("retrieval", 512, 128, _probe_config(100, 32, 1e-3), objectives=("clm",)),
+        ),
+        eval_tokens=2048,
+        cpu_threads=1,
+    ),
+}
+
+
+def choose_preset(name: str = "auto") -> Preset:
+    """``PRESETS[name]``; ``"auto"`` is ``gpu`` when CUDA is available, else ``cpu``."""
+    if name == "auto":
+        name = "gpu" if torch.cuda.is_available() else "cpu"
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid: 'auto', {', '.join(map(repr, PRESETS))}")
+    preset = PRESETS[name]
+    if preset.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"preset {name!r} needs a CUDA GPU and none is available; use preset='cpu' or 'tiny'"
+        )
+    return preset

@@ -1,0 +1,424 @@
+"""The comparison runner: train and evaluate one (encoding, objective) run, or all of them.
+
+:func:`run_one` trains :class:`~course_lib.model.MiniBert` with the preset's seed, data, steps and
+optimiser (:func:`course_lib.train.train_model`), then evaluates it:
+
+1. validation loss and bits per byte at the training length, and at 2x and 4x that length
+   (the learned table has exactly ``seq_len`` rows, so past it the JSON says "not_applicable");
+2. the word-order probe and the positional-retrieval probe of :mod:`course_lib.data`, with the
+   protocol of :func:`course_lib.train.probe_finetune`: a seeded fine-tune of a copy of the
+   pretrained model on probe examples (identical examples, order and budget for every encoding)
+   and the accuracy of the answer among its candidates on held-out, unseen examples (a
+   :class:`~course_lib.compare.presets.ProbeSpec` says which objectives a probe runs on);
+3. cost: parameters by part, training tokens per second, peak memory.
+
+Each run writes ``<out_dir>/<objective>_<encoding>.json`` (config, preset, hardware, curves,
+metrics) and keeps a checkpoint in ``<checkpoint_dir>/<objective>_<encoding>.pt`` (model,
+optimiser, step, RNG states; the default checkpoint folder ignores itself in git). An interrupted
+comparison resumes where it stopped, mid-run too; a finished run is skipped unless ``force=True``.
+:func:`run_comparison` makes every run of a preset, then writes the figures
+(:mod:`course_lib.compare.figures`) and ``summary.md`` into ``out_dir``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from course_lib.compare.presets import Preset, choose_preset
+from course_lib.compare.results import (
+    default_out_dir,
+    hardware_label,
+    load_results,
+    run_name,
+    summary_markdown,
+)
+from course_lib.data import ProbeBatch, corpus_source, train_val_split, unigram_entropy
+from course_lib.encodings import get_encoding
+from course_lib.evaluate import extrapolation_losses, peak_memory
+from course_lib.model import OBJECTIVES, MiniBert
+from course_lib.train import probe_finetune, train_model
+
+__all__ = [
+    "hardware_description",
+    "preset_results",
+    "retrieval_bag_baseline",
+    "run_comparison",
+    "run_one",
+]
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def hardware_description(device: str | torch.device) -> dict:
+    """Where a run ran: kind (CPU/GPU), model name, core and thread counts, software versions."""
+    device = torch.device(device)
+    info = {
+        "kind": "GPU" if device.type == "cuda" else "CPU",
+        "cpu": _cpu_model_name(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["name"] = info["gpu"]
+    else:
+        info["name"] = info["cpu"]
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------
+
+
+def retrieval_bag_baseline(probe: ProbeBatch) -> float:
+    """Expected accuracy of the best guess that ignores positions on a retrieval probe: one of
+    the most frequent context symbols, picked at random (a bag of symbols knows counts, not
+    places). It is above ``1 / len(alphabet)`` because the target is always in the context."""
+    context_len = probe.texts[0].index("@")  # "<context>@<p>?<answer>"
+    total = 0.0
+    for row, answer in zip(probe.input_ids[:, :context_len], probe.answer_id.tolist(), strict=True):
+        counts = torch.bincount(row, minlength=256)
+        top = counts.max()
+        if counts[answer] == top:
+            total += 1.0 / int((counts == top).sum())
+    return total / len(probe)
+
+
+def _check_objective(objective: str) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+
+
+class _Data:
+    """The token streams, loaded once per comparison."""
+
+    def __init__(self) -> None:
+        self.train, self.val = train_val_split()
+        self.source = corpus_source()
+        self.unigram_entropy = unigram_entropy(self.train)
+
+
+def _binned_accuracy(correct: list[bool], positions: list[int]) -> dict:
+    """Accuracy per target position: ``{"position": [...], "accuracy": [...], "count": [...]}``."""
+    table: dict[int, list[int]] = {}
+    for ok, pos in zip(correct, positions, strict=True):
+        table.setdefault(pos, [0, 0])
+        table[pos][0] += int(ok)
+        table[pos][1] += 1
+    keys = sorted(table)
+    return {
+        "position": keys,
+        "accuracy": [table[k][0] / table[k][1] for k in keys],
+        "count": [table[k][1] for k in keys],
+    }
+
+
+def run_one(
+    encoding: str,
+    objective: str,
+    preset: Preset | str = "auto",
+    *,
+    out_dir: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    force: bool = False,
+    progress: bool = True,
+    stop_after_steps: int | None = None,
+    threads: int | None = None,
+    data: _Data | None = None,
+) -> dict | None:
+    """Train and evaluate one (encoding, objective) run; return its results dict.
+
+    Reads ``<out_dir>/<objective>_<encoding>.json`` instead if it exists and matches this preset
+    (``force=True`` recomputes, deleting the old checkpoint first). Resumes from
+    ``<checkpoint_dir>/<objective>_<encoding>.pt`` if present. With ``stop_after_steps`` the
+    training stops there (simulating an interruption), the checkpoint is kept and ``None`` is
+    returned; call again without it to finish. On CPU the run uses ``threads`` (default: the
+    preset's ``cpu_threads``) torch threads, restored afterwards: the thread count changes the
+    order of floating-point sums, so a resumed run must use the same count to match exactly.
+    """
+    get_encoding(encoding)  # validates the name: a ValueError lists the registered ones
+    _check_objective(objective)
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out_dir / "checkpoints"
+    name = run_name(objective, encoding)
+    result_path = out_dir / f"{name}.json"
+    checkpoint_path = checkpoint_dir / f"{name}.pt"
+    identity = preset.identity(encoding, objective)
+
+    if force:
+        result_path.unlink(missing_ok=True)
+        checkpoint_path.unlink(missing_ok=True)
+    if result_path.exists():
+        saved = json.loads(result_path.read_text(encoding="utf-8"))
+        if saved.get("identity") != identity:
+            raise ValueError(
+                f"{result_path} was computed with a different configuration than preset "
+                f"{preset.name!r}; recompute it with force=True (--force) or use another out_dir"
+            )
+        return saved
+
+    _prepare_checkpoint_dir(checkpoint_dir)
+    data = data or _Data()
+    threads = threads if threads is not None else preset.cpu_threads
+    with _torch_threads(threads if preset.device == "cpu" else None):
+        return _train_and_evaluate(
+            encoding, objective, preset, identity, data, result_path, checkpoint_path,
+            progress, stop_after_steps,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the body with ``torch.set_num_threads(threads)`` (None: unchanged)."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train_and_evaluate(
+    encoding: str,
+    objective: str,
+    preset: Preset,
+    identity: dict,
+    data: _Data,
+    result_path: Path,
+    checkpoint_path: Path,
+    progress: bool,
+    stop_after_steps: int | None,
+) -> dict | None:
+    name = run_name(objective, encoding)
+    device = torch.device(preset.device)
+    started = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    train_config = preset.train_config(objective)
+    torch.manual_seed(train_config.seed)
+    model = MiniBert(preset.model_config(encoding, objective)).to(device)
+    state = train_model(
+        model,
+        data.train,
+        data.val,
+        train_config,
+        checkpoint_path=checkpoint_path,
+        meta=identity,
+        stop_after_steps=stop_after_steps,
+        progress=progress,
+        desc=f"{name} train",
+    )
+    if not state.finished:
+        return None
+
+    extrapolation = extrapolation_losses(
+        model,
+        data.val,
+        train_config.seq_len,
+        preset.length_multiples,
+        eval_tokens=preset.eval_tokens,
+        batch_size=preset.eval_batch_size,
+        mask_prob=train_config.mask_prob,
+        mask_seed=train_config.mask_seed,
+        autocast_dtype=train_config.autocast_dtype,
+    )
+    evaluated = time.perf_counter()
+    probes = {}
+    for spec in preset.probes:
+        if objective not in spec.objectives:
+            continue
+        train_probe, eval_probe = spec.make("train"), spec.make("eval")
+        outcome = probe_finetune(
+            model,
+            train_probe,
+            eval_probe,
+            spec.finetune,
+            autocast_dtype=train_config.autocast_dtype,
+            progress=progress,
+            desc=f"{name} {spec.task}",
+        )
+        entry = {
+            "accuracy": outcome["accuracy"],
+            "chance": spec.chance,
+            "eval_examples": len(eval_probe),
+            "final_train_loss": outcome["final_train_loss"],
+            "by_position": _binned_accuracy(
+                outcome["correct"], eval_probe.target_position.tolist()
+            ),
+        }
+        if spec.task == "retrieval":
+            entry["bag_of_symbols_baseline"] = retrieval_bag_baseline(eval_probe)
+        if spec.task == "word_order":
+            entry["pairs_both_right"] = _pairs_both_right(outcome["correct"])
+        probes[spec.task] = entry
+
+    probed = time.perf_counter()
+    hardware = hardware_description(device)
+    tokens_trained = train_config.steps * train_config.batch_size * train_config.seq_len
+    first = extrapolation[0]
+    result = {
+        "identity": identity,
+        "run": name,
+        "encoding": encoding,
+        "objective": objective,
+        "preset": preset.name,
+        "preset_description": preset.description,
+        "label": f"{preset.name} preset, {hardware_label(hardware)}",
+        "hardware": hardware,
+        "data": {
+            "corpus_source": data.source,
+            "train_tokens": int(data.train.numel()),
+            "val_tokens": int(data.val.numel()),
+            "unigram_entropy_nats": data.unigram_entropy,
+        },
+        "curves": {"train": state.train_curve, "val": state.val_curve},
+        "metrics": {
+            "final_val_loss": first["loss"],
+            "final_val_bits_per_byte": first["bits_per_byte"],
+            "final_val_tokens": first["tokens"],
+            "loss_note": (
+                "nats per predicted byte token on held-out text; for mlm over the masked tokens only"
+            ),
+            "tokens_trained": tokens_trained,
+            "train_seconds": state.train_seconds,
+            "tokens_per_second": tokens_trained / state.train_seconds,
+            "training_segments": state.segments,
+            "probe_seconds": probed - evaluated,
+            "wall_seconds_this_segment": probed - started,
+            "cpu_load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "peak_memory": peak_memory(device),
+            "parameters": model.parameter_counts(),
+        },
+        "extrapolation": extrapolation,
+        "probes": probes,
+    }
+    result_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = result_path.with_name(result_path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, result_path)
+    return result
+
+
+def _pairs_both_right(correct: list[bool]) -> float:
+    """Fraction of word-order pairs (examples 2k, 2k+1) with both orders answered right."""
+    pairs = [correct[i] and correct[i + 1] for i in range(0, len(correct) - 1, 2)]
+    return sum(pairs) / max(1, len(pairs))
+
+
+def _prepare_checkpoint_dir(path: Path) -> None:
+    """Create the checkpoint folder with a ``.gitignore`` of ``*`` so git never picks it up."""
+    path.mkdir(parents=True, exist_ok=True)
+    ignore = path / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# checkpoints are large and reproducible: never committed\n*\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison
+# ---------------------------------------------------------------------------------------------
+
+
+def run_comparison(
+    preset: Preset | str = "auto",
+    *,
+    encodings: Sequence[str] | None = None,
+    objectives: Sequence[str] | None = None,
+    out_dir: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    force: bool = False,
+    progress: bool = True,
+    figures: bool = True,
+    threads: int | None = None,
+    stop_after_steps: int | None = None,
+) -> list[dict]:
+    """Every (objective, encoding) run of ``preset``; returns the results of the finished ones.
+
+    ``encodings`` defaults to the preset's (every registered encoding unless the preset names
+    some); each name is checked against :data:`course_lib.encodings.REGISTRY` before anything
+    runs. Runs go objective by objective, encoding by encoding. Finished runs are read back,
+    unfinished ones resumed. Afterwards, if all requested runs finished and ``figures``, draws
+    the figures and ``summary.md`` into ``out_dir`` (default ``figures/compare_<preset>/``) from
+    every run of this preset saved there (:func:`preset_results`), so running one more encoding
+    into a folder adds it to the figures instead of replacing them. ``threads`` overrides the
+    preset's CPU thread count.
+    """
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    encodings = tuple(encodings or preset.encoding_names())
+    objectives = tuple(objectives or preset.objectives)
+    for encoding in encodings:
+        get_encoding(encoding)  # a ValueError lists the registered ones
+    for objective in objectives:
+        _check_objective(objective)
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
+    from tqdm.auto import tqdm
+
+    runs = [(o, e) for o in objectives for e in encodings]
+    data: _Data | None = None
+    results: list[dict] = []
+    bar = tqdm(runs, desc=f"{preset.name} comparison", **({} if progress else {"disable": True}))
+    try:
+        for objective, encoding in bar:
+            bar.set_postfix(run=run_name(objective, encoding), refresh=True)
+            needs_data = force or not (out_dir / f"{run_name(objective, encoding)}.json").exists()
+            if needs_data and data is None:
+                data = _Data()
+            result = run_one(
+                encoding,
+                objective,
+                preset,
+                out_dir=out_dir,
+                checkpoint_dir=checkpoint_dir,
+                force=force,
+                progress=progress,
+                stop_after_steps=stop_after_steps,
+                threads=threads,
+                data=data,
+            )
+            if result is not None:
+                results.append(result)
+    finally:
+        bar.close()
+    if figures and results and len(results) == len(runs):
+        from course_lib.compare.figures import write_figures
+
+        saved = preset_results(out_dir, preset)
+        write_figures(saved, out_dir)
+        (out_dir / "summary.md").write_text(summary_markdown(saved), encoding="utf-8")
+    return results
+
+
+def preset_results(out_dir: str | Path, preset: Preset | str) -> list[dict]:
+    """The runs saved in ``out_dir`` (:func:`~course_lib.compare.results.load_results` order)
+    that ``preset`` would make with its current configuration: the same identity (model,
+    budgets, probes, evaluation); results of any other configuration are left out."""
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    return [
+        r
+        for r in load_results(out_dir)
+        if r.get("identity") == preset.identity(r["encoding"], r["objective"])
+    ]
