@@ -4,7 +4,7 @@ test_registry_conformance.py."""
 
 import pytest
 import torch
-from test_registry_conformance import example_params
+from test_registry_conformance import example_params, positions
 
 from course_lib.attention import attention, attention_weights, get_attention_class
 from course_lib.encodings import REGISTRY
@@ -21,9 +21,15 @@ def qkv(b=2, h=3, n=9, d=8, dtype=torch.float32, seed=0):
     return torch.randn(3, b, h, n, d, generator=gen(seed), dtype=dtype).unbind(0)
 
 
-def method_params(method, heads, dtype=torch.float32):
-    """What ``attention(method=...)`` needs besides q, k, v (from the encoding's own module)."""
-    return {} if method == "softmax" else example_params(method, heads, dtype)
+def method_params(method, heads, dtype=torch.float32, batch=2, seq=9):
+    """What ``attention(method=...)`` needs besides q, k, v for ``batch`` x ``seq`` tokens: the
+    encoding's parameters (from its own module) and, for 2-D encodings, positions."""
+    if method == "softmax":
+        return {}
+    params = example_params(method, heads, dtype, batch=batch, seq=seq)
+    if REGISTRY[method].position_dims != 1:
+        params["position_ids"] = positions(method, seq)
+    return params
 
 
 # -- the functional form -------------------------------------------------------------------------
@@ -46,7 +52,8 @@ def test_exposb_is_not_invariant_to_a_common_shift():
 def test_weights_and_outputs_are_consistent(method):
     q, k, v = qkv(dtype=torch.float64)
     p = method_params(method, 3, torch.float64)
-    for causal in (True, False):
+    causal_only = method in REGISTRY and REGISTRY[method].causal_only
+    for causal in (True,) if causal_only else (True, False):
         w = attention_weights(q, k, method=method, causal=causal, **p)
         out = attention(q, k, v, method=method, causal=causal, **p)
         expected = w @ v

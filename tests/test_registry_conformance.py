@@ -42,12 +42,13 @@ def make_module(name, hidden=32, heads=4, dtype=torch.float64, backend="referenc
     return module.to(dtype)
 
 
-def example_params(name, heads, dtype=torch.float64, seed=0):
-    """The keyword parameters ``attention(method=name)`` needs, taken from the encoding's module
-    (leaf tensors, so gradients can be checked against them)."""
+def example_params(name, heads, dtype=torch.float64, seed=0, batch=1, seq=3):
+    """The keyword parameters ``attention(method=name)`` needs for ``batch`` sequences of ``seq``
+    tokens, taken from the encoding's module (leaf tensors, so gradients can be checked against
+    them; per-key ones are computed from random hidden states)."""
     hidden = 8 * heads
     module = make_module(name, hidden=hidden, heads=heads, dtype=dtype, seed=seed)
-    x = torch.randn(1, 3, hidden, generator=gen(seed), dtype=dtype)
+    x = torch.randn(batch, seq, hidden, generator=gen(seed), dtype=dtype)
     params = module.attention_params(x)
     return {
         key: value.detach().clone().requires_grad_() if torch.is_tensor(value) else value
@@ -142,7 +143,7 @@ def test_gradcheck_float64(name):
         t.requires_grad_()
         for t in torch.randn(3, 1, 2, 5, 4, generator=gen(7), dtype=torch.float64)
     )
-    params = example_params(name, heads=2)
+    params = example_params(name, heads=2, seq=5)
     tensors = {key: p for key, p in params.items() if torch.is_tensor(p)}
     mask = torch.tensor([[True, True, False, True, True]])
     for causal in causal_modes(name):
@@ -161,8 +162,9 @@ def test_gradcheck_float64(name):
 def test_clear_errors_for_bad_input(name):
     spec = get_encoding(name)
     q, k, v = torch.randn(3, 2, 2, 6, 8, generator=gen(8)).unbind(0)
-    params = example_params(name, heads=2, dtype=torch.float32)
+    params = example_params(name, heads=2, dtype=torch.float32, batch=2, seq=6)
     method = spec.method
+    params = {**params, "causal": spec.causal_only}
     with pytest.raises(TypeError, match="takes no parameter"):
         attention(q, k, v, method=method, not_a_parameter=1.0, **params)
     with pytest.raises(ValueError, match="4-D"):
@@ -175,7 +177,7 @@ def test_clear_errors_for_bad_input(name):
             attention(q, k, v, method=method, position_ids=torch.arange(6), **params)
     if spec.causal_only:
         with pytest.raises(ValueError, match="causal only"):
-            attention(q, k, v, method=method, causal=False, **params)
+            attention(q, k, v, method=method, **{**params, "causal": False})
     for key, default in spec.params.items():
         if default is REQUIRED:
             rest = {p: value for p, value in params.items() if p != key}

@@ -23,6 +23,24 @@ def test_readme_links_to_existing_notebooks_in_order():
         assert (ROOT / link).exists(), link
 
 
+def test_readme_lists_every_notebook():
+    linked = set(re.findall(r"\]\((notebooks/[^)]+\.ipynb)\)", (ROOT / "README.md").read_text()))
+    on_disk = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert on_disk <= linked, sorted(on_disk - linked)
+
+
+def test_pyproject_ships_every_package():
+    """A regular (non-editable) install ships only the packages pyproject.toml lists."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(re.findall(r'"(course_lib[\w.]*)"', text.split("[tool.setuptools]")[1]))
+    packages = {
+        ".".join(("course_lib", *p.parent.relative_to(ROOT / "course_lib").parts))
+        for p in (ROOT / "course_lib").rglob("__init__.py")
+    }
+    packages |= {"course_lib.kernels"}
+    assert packages <= listed, sorted(packages - listed)
+
+
 def test_requirements_use_floors_not_pins():
     lines = [
         line.split("#")[0].split(";")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()

@@ -25,6 +25,7 @@ __all__ = [
     "window_max_batch",
     "position_table",
     "evaluate_by_position",
+    "attention_beyond",
     "train_window_model",
 ]
 
@@ -100,6 +101,44 @@ def evaluate_by_position(
     scored = labels != IGNORE_INDEX
     correct = ((predictions == labels) & scored).sum(dim=0).float()
     return correct / scored.sum(dim=0).float()  # 0/0 = NaN at the edges
+
+
+@torch.no_grad()
+def attention_beyond(
+    model: MiniBert,
+    seq_len: int,
+    config: WindowTaskConfig,
+    first: int,
+    num_examples: int = 256,
+    seed: int = 2,
+) -> torch.Tensor:
+    """Attention weight each query puts on the keys at positions ``>= first``: ``[seq_len]``.
+
+    Layer 0 of a model with an additive encoding (``absolute`` or ``learned``), on the same
+    held-out batch as :func:`evaluate_by_position`; the weights ``softmax(q k^T / sqrt(d))`` of
+    the layer's own projections, summed over those keys and averaged over heads and examples.
+    """
+    from course_lib.attention import attention_weights
+
+    attention = model.layers[0].attention
+    captured = []
+    handle = attention.register_forward_pre_hook(lambda _, args: captured.append(args[0]))
+    try:
+        generator = torch.Generator().manual_seed(seed)
+        ids, _ = window_max_batch(
+            generator, num_examples, seq_len, config.vocab_size, config.half_width
+        )
+        model(ids)
+    finally:
+        handle.remove()
+    hidden = captured[0]  # [batch, seq, hidden], the layer's (normalised) input
+    h_qk, _ = attention.add_positions(hidden, torch.arange(seq_len))
+
+    def heads(x: torch.Tensor) -> torch.Tensor:  # [batch, seq, hidden] -> [batch, heads, seq, d]
+        return x.view(*x.shape[:2], attention.num_heads, attention.head_dim).transpose(1, 2)
+
+    weights = attention_weights(heads(attention.query(h_qk)), heads(attention.key(h_qk)))
+    return weights[..., first:].sum(-1).mean(dim=(0, 1))  # [seq_len]
 
 
 def _overall(accuracy_by_position: torch.Tensor) -> float:

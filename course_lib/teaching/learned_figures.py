@@ -80,10 +80,16 @@ def plot_row_trajectory(before: torch.Tensor, after: torch.Tensor, ax) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_accuracy_by_position(curves: dict, train_length: int, ax, chance: float | None = None):
-    """Accuracy ``[seq]`` against position for each named curve; the trained length is marked."""
+def plot_accuracy_by_position(
+    curves: dict, train_length: int, ax, chance: float | None = None, dashed: tuple = ()
+):
+    """Accuracy ``[seq]`` against position for each named curve; the trained length is marked.
+
+    Curves may have different lengths; those named in ``dashed`` are drawn dashed (e.g. a
+    reference measured at the training length)."""
     for name, accuracy in curves.items():
-        ax.plot(torch.arange(len(accuracy)), accuracy, ".-", ms=3, lw=1, label=name)
+        style = "--" if name in dashed else ".-"
+        ax.plot(torch.arange(len(accuracy)), accuracy, style, ms=3, lw=1, label=name)
     ax.axvline(train_length - 0.5, color="grey", ls="--", lw=1)
     ax.text(train_length, 0.05, " longer than\n any training sequence", fontsize=8, color="grey")
     if chance is not None:

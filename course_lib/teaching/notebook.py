@@ -1,35 +1,49 @@
-"""Small helpers the notebooks share: where figures go, exercise checks, worked solutions.
+"""Small helpers the notebooks share: where figures go, exercise checks, widget figures.
 
-Environment variables (set by the test run, see conftest.py):
+Environment variables:
 
-* ``COURSE_OUTPUT_DIR``: where figures and results are written (default: the repository's
-  ``figures/``), so running the tests never overwrites committed files.
+* ``COURSE_OUTPUT_DIR``: the folder figures and results are written to. The notebook runner
+  (:mod:`course_lib.teaching.execute`) points it at the repository's ``figures/``, the test run
+  (``conftest.py``) at a temporary folder. When it is not set, as when a learner runs a notebook
+  in JupyterLab, figures go to a folder outside the checkout (:func:`learner_output_dir`), so
+  running a notebook with unsolved exercises never overwrites the committed figures.
 * ``COURSE_SOLUTIONS=1``: exercise cells use the worked solutions from
-  :mod:`course_lib.solutions`, which proves every exercise solvable when the notebooks run as tests.
+  :mod:`course_lib.teaching.solutions`, which proves every exercise solvable when the notebooks
+  run as tests.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
+    "REPO_ROOT",
     "output_dir",
+    "learner_output_dir",
     "save_figure",
+    "display_figure",
     "using_solutions",
     "exercise",
     "report_check",
-    "execute_notebooks",
-    "display_figure",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def learner_output_dir() -> Path:
+    """Where figures go when ``COURSE_OUTPUT_DIR`` is not set: a folder in the system's
+    temporary directory, outside the checkout."""
+    return Path(tempfile.gettempdir()) / "positional-encodings-course" / "figures"
 
 
 def output_dir() -> Path:
-    """The folder figures and results go to (created if needed)."""
-    path = Path(os.environ.get("COURSE_OUTPUT_DIR", REPO_ROOT / "figures"))
+    """The folder figures and results go to (created if needed): ``COURSE_OUTPUT_DIR`` when it is
+    set, :func:`learner_output_dir` otherwise."""
+    configured = os.environ.get("COURSE_OUTPUT_DIR")
+    path = Path(configured) if configured else learner_output_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -76,30 +90,3 @@ def report_check(name: str, failures: list[str]) -> bool:
     for line in failures[:5]:
         print(f"  - {line}")
     return False
-
-
-def execute_notebooks(paths: list[str], timeout: int = 300) -> None:
-    """Run notebooks top to bottom and save them with their outputs (what gets committed).
-
-    Exercise cells use the worked solutions and figures go to the repository's ``figures/``.
-    Needs jupyter (``nbconvert``), which requirements.txt installs.
-    """
-    import nbformat
-    from nbconvert.preprocessors import ExecutePreprocessor
-
-    os.environ["COURSE_SOLUTIONS"] = "1"
-    os.environ.pop("COURSE_OUTPUT_DIR", None)
-    for path in paths:
-        nb = nbformat.read(path, as_version=4)
-        runner = ExecutePreprocessor(timeout=timeout, kernel_name="python3")
-        runner.preprocess(nb, {"metadata": {"path": str(Path(path).parent)}})
-        nbformat.write(nb, path)
-        print(f"executed {path}")
-
-
-if __name__ == "__main__":
-    import sys
-
-    if len(sys.argv) < 2:
-        sys.exit("usage: python -m course_lib.notebook NOTEBOOK.ipynb [...]")
-    execute_notebooks(sys.argv[1:])

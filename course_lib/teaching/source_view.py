@@ -10,7 +10,7 @@ import ast
 import importlib.util
 from pathlib import Path
 
-__all__ = ["kernel_source", "source_excerpt"]
+__all__ = ["kernel_source", "source_excerpt", "show_source"]
 
 
 def kernel_source(module: str, function: str) -> str:
@@ -37,3 +37,16 @@ def source_excerpt(source: str, start: str, end: str) -> str:
     except StopIteration:
         raise ValueError(f"no lines from {start!r} to {end!r} in the source") from None
     return "\n".join(lines[first : last + 1])
+
+
+def show_source(
+    module: str, function: str, start: str | None = None, end: str | None = None
+) -> None:
+    """Print ``function`` of ``course_lib.kernels.<module>``, or the excerpt of it from the first
+    line containing ``start`` to the next line containing ``end`` (both given, or neither)."""
+    if (start is None) != (end is None):
+        raise ValueError("give both start and end for an excerpt, or neither for the function")
+    source = kernel_source(module, function)
+    if start is not None:
+        source = source_excerpt(source, start, end)
+    print(source)

@@ -1,4 +1,4 @@
-"""Worked solutions for notebook 06 (the encoding comparison in a small BERT)."""
+"""Worked solutions for notebook 10 (the encoding comparison in a small BERT)."""
 
 import math
 

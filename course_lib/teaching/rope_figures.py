@@ -15,6 +15,7 @@ from course_lib.encodings import rope_angles, rope_inverse_frequencies
 
 __all__ = [
     "rotation_matrix",
+    "roformer_bound",
     "rope_score_vs_distance",
     "plot_pair_rotation",
     "plot_score_vs_distance",
@@ -30,6 +31,21 @@ def rotation_matrix(angle: float | torch.Tensor) -> torch.Tensor:
     return torch.stack((torch.stack((c, -s)), torch.stack((s, c)))).to(torch.float32)
 
 
+def roformer_bound(head_dim: int, max_distance: int, *, base: float = 10000.0) -> torch.Tensor:
+    """RoFormer's long-term-decay bound (Su et al. 2021, section 3.4.3), ``[max_distance + 1]``.
+
+    With ``h_t = q_t conj(k_t)`` (pairs as complex numbers) and ``S_j = sum_{t<j} e^{i d theta_t}``,
+    Abel summation gives ``|q . R(d) k| <= max_t |h_{t+1} - h_t| * sum_{j=1}^{D/2} |S_j|``. This
+    returns the factor RoFormer plots, ``(1 / (D/2)) sum_{j=1}^{D/2} |S_j(d)|`` (``D/2 + 1) / 2`` at
+    ``d = 0``), float64.
+    """
+    theta = rope_inverse_frequencies(head_dim, base).double()  # [D/2]
+    distance = torch.arange(max_distance + 1, dtype=torch.float64)
+    phase = distance[:, None] * theta  # [N, D/2]
+    partial_sums = torch.polar(torch.ones_like(phase), phase).cumsum(-1)  # S_1 .. S_{D/2}
+    return partial_sums.abs().mean(-1)
+
+
 def rope_score_vs_distance(
     head_dim: int,
     max_distance: int,
@@ -43,6 +59,7 @@ def rope_score_vs_distance(
     With pairs as complex numbers, ``q . R(d) k = Re sum_t q_t conj(k_t) exp(i d theta_t)``.
     Returns float64 curves ``[max_distance + 1]`` (and ``"distance"``):
 
+    * ``"bound"``: :func:`roformer_bound`, the factor of RoFormer's upper bound on ``|score|``;
     * ``"ones"``: ``q = k = (1, ..., 1)``, score divided by its value at ``d = 0``, i.e.
       ``mean_t cos(d theta_t)`` (also the expected curve of a random Gaussian ``q = k``);
     * ``"independent"``: independent Gaussian ``q, k``, the mean ``|score|`` over ``samples``
@@ -61,6 +78,7 @@ def rope_score_vs_distance(
     independent = (dot @ cos.T - cross @ sin.T).abs().mean(0)
     return {
         "distance": distance,
+        "bound": roformer_bound(head_dim, max_distance, base=base),
         "ones": cos.mean(-1),
         "independent": independent / math.sqrt(head_dim),
     }
@@ -93,19 +111,28 @@ def plot_pair_rotation(x: torch.Tensor, theta: float, positions: range) -> plt.F
 
 
 def plot_score_vs_distance(curves: dict[str, torch.Tensor], head_dim: int) -> plt.Figure:
-    """Draw the curves of :func:`rope_score_vs_distance` against the distance."""
-    fig, ax = plt.subplots(figsize=(7.0, 3.2))
+    """Left: RoFormer's bound against the distance. Right: two scores relative to their value at
+    distance 0, ``q = k`` and independent ``q, k`` (curves of :func:`rope_score_vs_distance`)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.3))
     d = curves["distance"].numpy()
-    ax.plot(
-        d, curves["ones"].numpy(), lw=1, label="q = k (all ones, or the mean over random q = k)"
-    )
-    ax.plot(d, curves["independent"].numpy(), lw=1, label="independent q, k: mean |score| / √D")
+    ax = axes[0]
+    ax.plot(d, curves["bound"].numpy(), lw=1, color="black")
+    ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(0, d[-1])
+    ax.set_ylim(bottom=0)
+    ax.set(xlabel="distance m − n (tokens)", ylabel="(1/(D/2)) Σ_j |S_j|")
+    ax.set_title(f"RoFormer's bound on |score| (head_dim {head_dim})", fontsize=10)
+    ax = axes[1]
+    ax.plot(d, curves["ones"].numpy(), lw=1, label="q = k: score")
+    independent = curves["independent"]
+    ax.plot(d, (independent / independent[0]).numpy(), lw=1, label="independent q, k: mean |score|")
     ax.axhline(0, color="0.6", lw=0.6)
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlim(0, d[-1])
-    ax.set(xlabel="distance m − n (tokens)", ylabel="score / score at distance 0")
-    ax.set_title(f"RoPE score vs distance (head_dim {head_dim}, base 10000)", fontsize=10)
+    ax.set(xlabel="distance m − n (tokens)", ylabel="value / value at distance 0")
+    ax.set_title("actual scores, relative to distance 0", fontsize=10)
     ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
     return fig
 
 

@@ -1,4 +1,4 @@
-"""Worked solutions for notebook 01 (sinusoidal positions and the online softmax)."""
+"""Worked solutions for notebook 01 (sinusoidal positions)."""
 
 from __future__ import annotations
 
@@ -27,22 +27,3 @@ def pair_rotation(shift: int, omega: float) -> torch.Tensor:
     """
     c, s = math.cos(shift * omega), math.sin(shift * omega)
     return torch.tensor([[c, s], [-s, c]], dtype=torch.float64)
-
-
-def merge_softmax_states(
-    state_a: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    state_b: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Merge two partial softmax states over disjoint sets of keys.
-
-    A state is ``(m [...], l [...], acc [..., d])``: the running max of the scores, the sum of
-    ``exp(s - m)`` and the sum of ``exp(s - m) v``. Both are rescaled to the common max
-    ``m = max(m_a, m_b)``: ``l = exp(m_a - m) l_a + exp(m_b - m) l_b`` (``acc`` likewise).
-    """
-    m_a, l_a, acc_a = state_a
-    m_b, l_b, acc_b = state_b
-    m = torch.maximum(m_a, m_b)
-    scale_a, scale_b = torch.exp(m_a - m), torch.exp(m_b - m)
-    l_sum = scale_a * l_a + scale_b * l_b
-    acc = scale_a.unsqueeze(-1) * acc_a + scale_b.unsqueeze(-1) * acc_b
-    return m, l_sum, acc

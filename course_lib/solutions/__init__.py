@@ -1,4 +1,0 @@
-"""Worked solutions of the notebooks' exercises, one module per notebook (``nb00`` ... ``nb06``).
-
-Try the exercise first; read a solution with ``??`` in the notebook when you are stuck.
-"""

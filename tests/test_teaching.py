@@ -1,0 +1,215 @@
+"""The notebooks' helpers (course_lib.teaching): where figures go, the kernel-swap checks, the
+source viewer, the notebook runner, and the layout rule that the core never imports them."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from course_lib.teaching import kernel_swap, notebook
+from course_lib.teaching.execute import KERNELSPEC, execute_notebooks
+from course_lib.teaching.source_view import kernel_source, show_source
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- where figures go -----------------------------------------------------------------------
+
+
+def test_figures_go_outside_the_checkout_unless_a_folder_is_configured(monkeypatch, tmp_path):
+    monkeypatch.delenv("COURSE_OUTPUT_DIR", raising=False)
+    default = notebook.output_dir().resolve()
+    assert ROOT.resolve() not in default.parents and default != ROOT.resolve()
+    monkeypatch.setenv("COURSE_OUTPUT_DIR", str(tmp_path / "figs"))
+    assert notebook.output_dir() == tmp_path / "figs"
+    assert (tmp_path / "figs").is_dir()
+
+
+def test_save_figure_of_a_learner_run_leaves_committed_figures_alone(monkeypatch, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.delenv("COURSE_OUTPUT_DIR", raising=False)
+    monkeypatch.setenv("COURSE_SOLUTIONS", "0")
+    monkeypatch.setattr(notebook, "learner_output_dir", lambda: tmp_path / "learner")
+    committed = ROOT / "figures" / "00_permuted_attention.png"
+    before = committed.read_bytes() if committed.exists() else None
+    fig, _ = plt.subplots()
+    path = notebook.save_figure(fig, "00_permuted_attention.png")
+    plt.close(fig)
+    assert path == tmp_path / "learner" / "00_permuted_attention.png" and path.exists()
+    assert (committed.read_bytes() if committed.exists() else None) == before
+
+
+def test_exercise_uses_the_solution_only_when_asked(monkeypatch, capsys):
+    def mine():
+        return "mine"
+
+    def worked():
+        return "worked"
+
+    monkeypatch.setenv("COURSE_SOLUTIONS", "0")
+    assert notebook.exercise(mine, worked) is mine
+    monkeypatch.setenv("COURSE_SOLUTIONS", "1")
+    assert notebook.exercise(mine, worked) is worked
+    assert "worked solution" in capsys.readouterr().out
+
+
+def test_report_check_prints_a_verdict(capsys):
+    assert notebook.report_check("f", []) is True
+    assert notebook.report_check("f", ["wrong at 3"]) is False
+    out = capsys.readouterr().out
+    assert "✓ f: correct" in out and "wrong at 3" in out
+
+
+# -- agree and time_ms ------------------------------------------------------------------------
+
+
+def _linear_run(offset_on_triton: float):
+    """A run whose "triton" side differs from the reference by ``offset`` in its output."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, 4, requires_grad=True)
+
+    def run(backend):
+        out = x @ w
+        return out + offset_on_triton if backend == "triton" else out
+
+    return run, {"x": x, "w": w}
+
+
+def test_agree_passes_prints_one_line_and_compares_gradients(monkeypatch, capsys):
+    monkeypatch.setattr(kernel_swap, "kernels_available", lambda: True)
+    run, wrt = _linear_run(0.0)
+    assert kernel_swap.agree("toy", run, wrt=wrt) is None
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["toy: kernel == reference (output and gradients of x, w; atol 1e-04)"]
+
+
+def test_agree_raises_on_a_wrong_output(monkeypatch):
+    monkeypatch.setattr(kernel_swap, "kernels_available", lambda: True)
+    run, wrt = _linear_run(1e-2)
+    with pytest.raises(AssertionError, match="disagrees with the reference on output"):
+        kernel_swap.agree("toy", run, wrt=wrt)
+
+
+def test_agree_raises_on_a_wrong_gradient(monkeypatch):
+    monkeypatch.setattr(kernel_swap, "kernels_available", lambda: True)
+    torch.manual_seed(0)
+    x = torch.randn(5, requires_grad=True)
+
+    def run(backend):  # same value, different gradient on the triton side
+        return x * 2 if backend == "reference" else x.detach() * 2 + (x - x.detach()) * 3
+
+    with pytest.raises(AssertionError, match="dx"):
+        kernel_swap.agree("toy", run, wrt={"x": x})
+
+
+def test_agree_compares_tensors_the_run_returns_itself(monkeypatch):
+    monkeypatch.setattr(kernel_swap, "kernels_available", lambda: True)
+    x = torch.randn(2, 3)
+
+    def run(backend):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(3, 3)
+        if backend == "triton":
+            with torch.no_grad():
+                layer.bias.add_(1.0)
+        return layer(x), dict(layer.named_parameters())
+
+    with pytest.raises(AssertionError, match="output"):
+        kernel_swap.agree("layer", run)
+
+
+def test_agree_substitutes_nothing_where_kernels_cannot_run(monkeypatch, capsys):
+    monkeypatch.setattr(kernel_swap, "kernels_available", lambda: False)
+    calls = []
+    assert kernel_swap.agree("toy", lambda backend: calls.append(backend)) is None
+    assert calls == []
+    assert "kernel not run" in capsys.readouterr().out
+
+
+def test_time_ms_does_not_time_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(kernel_swap, "timings_available", lambda: False)
+    calls = []
+    with pytest.raises(RuntimeError, match="Timings need a GPU"):
+        kernel_swap.time_ms(lambda: calls.append(1))
+    assert calls == []
+
+
+# -- the source viewer ------------------------------------------------------------------------
+
+
+def test_show_source_prints_a_kernel_function_and_an_excerpt(capsys):
+    full = kernel_source("flash", "_flash_fwd_kernel")
+    assert full.startswith("@triton.jit") and "def _flash_fwd_kernel(" in full
+    show_source("flash", "_flash_fwd_kernel", "def _flash_fwd_kernel(", "def _flash_fwd_kernel(")
+    assert capsys.readouterr().out.strip() == "def _flash_fwd_kernel("
+    with pytest.raises(ValueError, match="has no function"):
+        kernel_source("flash", "no_such_kernel")
+    with pytest.raises(ValueError, match="both start and end"):
+        show_source("flash", "_flash_fwd_kernel", start="x")
+
+
+def test_show_source_does_not_import_triton():
+    code = (
+        "import sys\n"
+        "from course_lib.teaching.source_view import show_source\n"
+        "show_source('flash', '_flash_fwd_kernel')\n"
+        "assert 'triton' not in sys.modules, 'triton was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+# -- the runner and the notebooks ---------------------------------------------------------------
+
+
+def test_execute_runs_with_solutions_writes_figures_to_the_repo_and_sets_the_kernelspec(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("COURSE_OUTPUT_DIR", str(tmp_path / "elsewhere"))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import os\nprint(os.environ['COURSE_SOLUTIONS'], os.environ['COURSE_OUTPUT_DIR'])"
+        )
+    ]
+    nb.metadata["kernelspec"] = {
+        "display_name": "Python 3",
+        "language": "python",
+        "name": "python3",
+    }
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(nb, path)
+    execute_notebooks([str(path)], timeout=120)
+    done = nbformat.read(path, as_version=4)
+    assert done.cells[0].outputs[0]["text"].split() == ["1", str(ROOT / "figures")]
+    assert done.metadata["kernelspec"] == KERNELSPEC
+    # the runner leaves the calling process's environment as it was
+    import os
+
+    assert os.environ["COURSE_OUTPUT_DIR"] == str(tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_are_stored_with_jupyterlabs_kernelspec(path):
+    metadata = json.loads(path.read_text())["metadata"]
+    assert metadata.get("kernelspec") == KERNELSPEC
+
+
+def test_the_core_never_imports_the_teaching_package():
+    offenders = []
+    for file in sorted((ROOT / "course_lib").rglob("*.py")):
+        if "teaching" in file.relative_to(ROOT / "course_lib").parts:
+            continue
+        if re.search(r"^\s*(from|import)\s+course_lib\.teaching", file.read_text(), flags=re.M):
+            offenders.append(str(file.relative_to(ROOT)))
+    assert offenders == []
