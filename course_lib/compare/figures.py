@@ -132,15 +132,22 @@ def plot_retrieval_by_position(results: list[dict]):
         raise ValueError("these results have no retrieval results to plot")
     objectives = _objectives([r for r in results if "retrieval" in r["probes"]])
     fig, axes = _axes(max(1, len(objectives)))
+    markers = "osD^vPX*<>"
     for ax, objective in zip(axes, objectives, strict=False):
         runs = [r for r in _runs(results, objective) if "retrieval" in r["probes"]]
-        for r in runs:
+        for i, r in enumerate(runs):
             table = r["probes"]["retrieval"]["by_position"]
+            positions = table["position"]
+            step = min((b - a for a, b in zip(positions, positions[1:], strict=False)), default=1)
+            # a small sideways offset per encoding, so lines at the same accuracy stay visible
+            shift = (i - (len(runs) - 1) / 2) * 0.5 * step / max(1, len(runs))
             ax.plot(
-                table["position"],
+                [p + shift for p in positions],
                 table["accuracy"],
-                marker="o",
-                ms=3,
+                marker=markers[i % len(markers)],
+                ms=3.5,
+                lw=1.2,
+                alpha=0.85,
                 color=encoding_color(r["encoding"]),
                 label=r["encoding"],
             )
@@ -218,13 +225,13 @@ def plot_cost_table(results: list[dict]):
             ]
         )
     columns = ["objective", "encoding", "parameters", "in position table", "tokens/s", "peak mem"]
-    fig, ax = plt.subplots(figsize=(7.2, 0.2 * len(rows) + 0.5))
+    fig, ax = plt.subplots(figsize=(7.2, 0.24 * (len(rows) + 1) + 0.6))
     ax.axis("off")
-    table = ax.table(cellText=rows, colLabels=columns, loc="center", cellLoc="right")
+    # the table fills the axes, so the title above the axes cannot overlap its header
+    table = ax.table(cellText=rows, colLabels=columns, bbox=[0, 0, 1, 1], cellLoc="right")
     table.auto_set_font_size(False)
     table.set_fontsize(8)
-    table.scale(1.0, 1.2)
-    ax.set_title(f"Cost ({_source_line(results)})", fontsize=9)
+    ax.set_title(f"Cost ({_source_line(results)})", fontsize=9, pad=8)
     fig.tight_layout()
     return fig
 
