@@ -12,6 +12,7 @@ encodings) or the name of any registered encoding that acts inside attention (se
 
     q'_i = T(p_i) q_i,   k'_j = T(p_j) k_j              # 2. per-token transform (or none)
     s_ij = scale * q'_i . k'_j + b(p_i, p_j)             # 3. score bias (or none)
+    s_ij = s_ij + c(s, q')_ij                            #    a bias read off the scores (CoPE)
     A_i  = softmax(s_i)  or  stick-breaking(s_i)          # 4. normaliser, over visible keys
     out_i = sum_j A_ij v_j  (+ (1 - sum_j A_ij) v_i for stick-breaking: the leftover stick)
 
@@ -88,6 +89,9 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
             f"method={method!r} uses no position ids (absolute and learned encodings add theirs to "
             "the hidden states before the projections); pass position_ids=None"
         )
+    elif encoding is not None and (encoding.qk_transform or encoding.score_bias):
+        # hooks that read no position (FoX's gates) still get the token indices, for shapes
+        position_ids = check_position_ids(default_position_ids(seq_k, q.device), 1, seq_k, q.device)
     if encoding is not None and encoding.check_params is not None:
         encoding.check_params(
             params,
@@ -96,6 +100,7 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
             device=q.device,
             causal=causal,
             positions=position_ids,
+            batch=batch,
         )
     if params["scale"] is None:
         params["scale"] = 1.0 / math.sqrt(head_dim)
@@ -127,6 +132,10 @@ def _weights(q, k, encoding, causal, key_padding_mask, key_pos, params):
     scores = torch.matmul(q, k.transpose(-1, -2)) * params["scale"]  # [B, H, Nq, Nk]
     if encoding is not None and encoding.score_bias is not None:
         scores = scores + encoding.score_bias(query_pos, key_pos, params).to(dt)
+    # ... and a bias computed from the scores themselves and q' (softmax only): s_ij += c(s, q')_ij
+    if encoding is not None and encoding.score_bias_from_scores is not None:
+        allowed = _visible(seq_q, seq_k, causal, key_padding_mask, q.device)
+        scores = scores + encoding.score_bias_from_scores(scores, q, allowed, params).to(dt)
     # 4. the normaliser, over the keys each query may see
     if encoding is not None and encoding.normaliser == "stick_breaking":
         mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
@@ -201,6 +210,11 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
             raise ValueError(
                 f"backend='triton' has no kernel for method={method!r}: {encoding.kernel_support}"
             )
+        if encoding.kernel_attention is not None:  # a kernel family of the encoding's own
+            return encoding.kernel_attention(
+                q, k, v, causal=causal, key_padding_mask=key_padding_mask, position_ids=key_pos,
+                scale=params["scale"], params=params,
+            )  # fmt: skip
         if encoding.kernel_tables is not None:
             tables = encoding.kernel_tables(key_pos, q.shape[-1], params)
         elif encoding.qk_transform is not None:  # a dense transform: PyTorch, then the kernel

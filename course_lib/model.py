@@ -22,6 +22,7 @@ from torch import nn
 
 from course_lib.attention import get_attention_class
 from course_lib.checks import check_choice
+from course_lib.registry import get_encoding
 from course_lib.layers import KVCache
 
 __all__ = ["BertConfig", "MiniBert", "ModelOutput", "OBJECTIVES"]
@@ -49,6 +50,11 @@ class BertConfig:
     def __post_init__(self) -> None:
         check_choice("objective", self.objective, OBJECTIVES)
         get_attention_class(self.encoding)  # validates the name
+        if self.objective == "mlm" and get_encoding(self.encoding).causal_only:
+            raise ValueError(
+                f"encoding {self.encoding!r} is causal only and the masked-LM objective attends "
+                "both ways: use objective='clm'"
+            )
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
 

@@ -5,6 +5,7 @@ Position can enter attention in four places, and an :class:`Encoding` says what 
     1. inputs      h_qk, h_v = inputs(h, p)              (absolute sinusoid, learned table)
     2. q/k         q'_i = T(p_i) q_i,  k'_j = T(p_j) k_j  (RoPE, ExpoSB's gains, 2D RoPE, ...)
     3. score bias  s_ij = scale * q'_i . k'_j + b(i, j)   (ExpoSB's distance factor, RSE, ALiBi, T5)
+                   s_ij += c(s, q')_ij                    (a bias read off the scores: CoPE)
     4. normaliser  A_i = softmax(s_i) or stick-breaking(s_i)
 
 Place 1 is done by the encoding's attention module (it owns the parameters), places 2-4 by
@@ -63,18 +64,29 @@ class Encoding:
       k with the key positions.
     * ``score_bias(query_positions, key_positions, params) -> bias`` broadcastable to
       ``[batch, heads, seq_q, seq_k]``, added to the scaled scores.
+    * ``score_bias_from_scores(scores, q, allowed, params) -> bias``: a bias that depends on the
+      scores themselves, computed after the positional bias above and added to the scores:
+      ``scores`` ``[batch, heads, seq_q, seq_k]``, ``q`` the queries after the q/k transform
+      (unscaled) ``[batch, heads, seq_q, head_dim]``, ``allowed`` bool, broadcastable to the
+      scores: the keys each query may see (causal and padding masks). CoPE counts its positions
+      with gates read off the scores. Softmax normaliser only; on the Triton backend it needs an
+      attention kernel of its own (``kernel_attention``) or a ``kernel_support`` sentence.
     * ``normaliser``: ``"softmax"`` or ``"stick_breaking"`` (the leftover stick goes to the
       query's own value).
 
     ``params``: the keyword parameters ``attention(method=name, ...)`` takes, with defaults
-    (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal, positions)``
+    (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal, positions, batch)``
     validates them, and may fill in a default that depends on the call (e.g. one value per head).
     ``per_key_params``: those that hold one value per key on their last axis (a term the module
     computes from each token, e.g. FoX's forget gates): a key/value cache keeps them with the keys.
 
     Kernel hooks: ``kernel_tables(positions, head_dim, params) -> QKTables`` (an elementwise
     pairwise transform the kernels fuse into their tile loads) and ``kernel_bias(params) ->
-    ScoreBias`` (required when ``score_bias`` is set); see :mod:`course_lib.kernel_hooks`. A
+    ScoreBias`` (required when ``score_bias`` is set); see :mod:`course_lib.kernel_hooks`.
+    ``kernel_attention(q, k, v, *, causal, key_padding_mask, position_ids, scale, params) ->
+    out`` (``position_ids`` None when the encoding reads none): a fused attention of the
+    encoding's own (a kernel family of its own, e.g. CoPE's scan over the keys), which the Triton
+    backend calls instead of the flash or stick-breaking kernels. A
     ``qk_transform`` without ``kernel_tables`` (a dense rotation per token, LieRE) is applied to q
     and k by PyTorch before the plain kernel, with autograd through it. An encoding whose
     attention part has no kernel sets ``kernel_support`` to a sentence saying why, and the Triton
@@ -85,6 +97,7 @@ class Encoding:
     ``causal_only`` (no bidirectional form), ``learnable`` (it has trainable parameters).
     ``position_dims``: coordinates per token, 1 (a sequence: ``position_ids`` ``[seq]``) or 2 (an
     image: ``[seq, 2]``, the (row, column) of each patch; there is no default).
+    ``reads_positions``: set it to False for a score bias computed from content alone.
     """
 
     name: str
@@ -95,17 +108,20 @@ class Encoding:
     inputs: str | None = None
     qk_transform: Callable | None = None
     score_bias: Callable | None = None
+    score_bias_from_scores: Callable | None = None
     normaliser: str = "softmax"
     params: Mapping[str, object] = field(default_factory=dict)
     per_key_params: tuple[str, ...] = ()
     check_params: Callable | None = None
     kernel_tables: Callable | None = None
     kernel_bias: Callable | None = None
+    kernel_attention: Callable | None = None
     kernel_support: str | None = None
     relative: bool = False
     causal_only: bool = False
     learnable: bool = False
     position_dims: int = 1
+    reads_positions: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -120,6 +136,17 @@ class Encoding:
             raise ValueError("'softmax' names the plain attention method; pick another name")
         if self.score_bias is not None and self.kernel_bias is None and not self.kernel_support:
             raise ValueError(f"{self.name}: score_bias needs kernel_bias (or kernel_support)")
+        if self.score_bias_from_scores is not None:
+            if self.normaliser != "softmax":
+                raise ValueError(
+                    f"{self.name}: score_bias_from_scores is composed with the softmax normaliser "
+                    "only"
+                )
+            if self.kernel_attention is None and not self.kernel_support:
+                raise ValueError(
+                    f"{self.name}: score_bias_from_scores needs kernel_attention (or "
+                    "kernel_support)"
+                )
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
 
     @property
@@ -128,6 +155,7 @@ class Encoding:
         return (
             self.qk_transform is not None
             or self.score_bias is not None
+            or self.score_bias_from_scores is not None
             or self.normaliser != "softmax"
         )
 
@@ -139,7 +167,10 @@ class Encoding:
 
     @property
     def uses_positions(self) -> bool:
-        """True if attention reads position ids (a q/k transform or a score bias)."""
+        """True if attention reads position ids: ``reads_positions`` if given, else whether it
+        has a q/k transform or a score bias (a bias from content alone, FoX's, reads none)."""
+        if self.reads_positions is not None:
+            return self.reads_positions
         return self.qk_transform is not None or self.score_bias is not None
 
     def places(self) -> dict[str, str]:
@@ -153,7 +184,7 @@ class Encoding:
         return {
             "inputs": self.inputs or "-",
             "q/k": doc(self.qk_transform),
-            "score bias": doc(self.score_bias),
+            "score bias": doc(self.score_bias or self.score_bias_from_scores),
             "normaliser": self.normaliser,
         }
 

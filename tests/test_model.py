@@ -6,8 +6,10 @@ import torch
 from course_lib.encodings import REGISTRY
 from course_lib.model import BertConfig, MiniBert
 
-# Encodings whose output depends on the position ids (in the inputs or inside attention).
-POSITIONAL = [name for name, e in REGISTRY.items() if e.inputs or e.uses_positions]
+# Sequence encodings whose output depends on the position ids (in the inputs or in attention).
+POSITIONAL = [
+    name for name, e in REGISTRY.items() if (e.inputs or e.uses_positions) and e.position_dims == 1
+]
 
 
 def model(encoding, objective="clm", **kw):

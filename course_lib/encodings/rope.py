@@ -305,7 +305,7 @@ def rope_kernel_tables(positions: torch.Tensor, head_dim: int, params: dict) -> 
 
 
 def check_rope_params(
-    params: dict, *, heads: int, head_dim: int, device, causal: bool, positions=None
+    params: dict, *, heads: int, head_dim: int, device, positions=None, **call
 ) -> None:
     """``style`` in :data:`ROPE_STYLES`, ``base`` > 0, an even head_dim, a valid ``scaling``
     (dynamic scaling: ``seq_len`` defaults to ``max(positions) + 1``, the same for q and k)."""

@@ -1,0 +1,156 @@
+"""The Forgetting Transformer (FoX): softmax attention with a forget gate (chapter 08).
+
+Lin, Nikishin, He & Courville 2025. No position embedding anywhere: each head computes, from
+each token's hidden state, a scalar forget gate ``f_t = sigmoid(w_f . x_t + b_f)`` in (0, 1), and a
+key ``j`` seen from query ``i`` is down-weighted by every gate in between::
+
+    D_ij = sum_{l=j+1..i} log f_l = c_i - c_j,      c_t = sum_{l<=t} log f_l (a cumulative sum)
+    s_ij = scale * q_i . k_j + D_ij,                 A_i = softmax_{j <= i}(s_i)
+
+so ``A_ij`` is proportional to ``exp(scale q_i . k_j) * prod_{l=j+1..i} f_l``: a gate near 1
+keeps the past, a gate near 0 wipes it. With every gate 1 it is plain causal softmax attention.
+Causal only (the product runs over the tokens between j and i, a left-to-right notion).
+
+``D`` is formed from ``c`` (an O(seq) cumulative sum), never by an ``L x L`` loop. The module
+passes ``log_forget = logsigmoid(w_f . x + b_f)`` ``[batch, heads, seq]`` to
+``attention(method="fox", log_forget=...)``; a key/value cache keeps it per key (the record's
+``per_key_params``), so a decoding step sums the gates of the whole cached prefix.
+
+Relative, in a content-dependent way: ``D_ij`` depends on the tokens between i and j, not on
+position ids, so shifting every position id changes nothing (the record claims ``relative``);
+the bias is also unchanged when the same text is moved elsewhere in a longer sequence, as long as
+the tokens between i and j are the same. What the gate sees is content: the same distance can be
+cheap (gates near 1) or expensive (a gate near 0, e.g. at a sentence boundary).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.kernel_hooks import ScoreBias
+from course_lib.layers import PositionalSelfAttention
+from course_lib.registry import REQUIRED, Encoding, register
+
+__all__ = ["FoXAttention", "cumulative_log_forget", "forget_bias_for_decay_time", "fox_bias"]
+
+
+def cumulative_log_forget(log_forget: torch.Tensor) -> torch.Tensor:
+    """``c_t = sum_{l <= t} log f_l``: ``[..., seq] -> [..., seq]`` (so ``D_ij = c_i - c_j``)."""
+    return torch.cumsum(log_forget, dim=-1)
+
+
+def fox_bias(query_positions: torch.Tensor, key_positions: torch.Tensor, params: dict):
+    """D_ij = sum_{l=j+1..i} log f_l, the log forget gates between key j and query i
+
+    ``log_forget`` ``[B, H, Nk]`` -> ``[B, H, Nq, Nk]``; the queries are the last ``Nq`` keys
+    (decoding with a cache), so ``D_ij = c[Nk - Nq + i] - c[j]`` with ``c`` the cumulative sum.
+    Positions are not read (only their count): FoX's bias comes from content.
+    """
+    c = cumulative_log_forget(params["log_forget"])  # [B, H, Nk]
+    seq_q = query_positions.shape[1]
+    return c[..., c.shape[-1] - seq_q :, None] - c[..., None, :]
+
+
+def check_fox_params(params: dict, *, heads: int, head_dim: int, device, positions, **call):
+    """``log_forget``: a finite floating ``[batch, heads, seq_k]`` tensor of ``log f <= 0``."""
+    log_forget = params["log_forget"]
+    if not isinstance(log_forget, torch.Tensor) or not log_forget.is_floating_point():
+        raise TypeError(
+            "log_forget must be a floating-point tensor [batch, heads, seq] (log f_t <= 0), got "
+            f"{getattr(log_forget, 'dtype', type(log_forget).__name__)}"
+        )
+    seq_k = positions.shape[1]
+    # The batch size: given by the caller, else known from per-example positions.
+    batch = call.get("batch") or (positions.shape[0] if positions.shape[0] != 1 else None)
+    shape = tuple(log_forget.shape)
+    if len(shape) != 3 or shape[1:] != (heads, seq_k) or shape[0] != (batch or shape[0]):
+        want = f"[{batch or 'batch'}, {heads}, {seq_k}]"
+        raise ValueError(
+            f"log_forget must have shape [batch, heads, seq_k] = {want} (one log gate per head "
+            f"and key), got {shape}"
+        )
+    if log_forget.device != device:
+        raise ValueError(f"log_forget is on {log_forget.device} but q is on {device}")
+    values = log_forget.detach()
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError(
+            "log_forget must be finite (a gate of exactly 0 would give log f = -inf; use "
+            "logsigmoid of the gate's logit)"
+        )
+    if bool((values > 0).any()):
+        raise ValueError(
+            f"log_forget must be <= 0 (log of a gate f in (0, 1]); got a maximum of "
+            f"{values.max().item():.3g}"
+        )
+
+
+def fox_kernel_bias(params: dict) -> ScoreBias:
+    """The ``"cumulative_log_gates"`` hook: ``b_ij = c_i - c_j`` with ``c`` ``[batch, heads,
+    seq]`` the cumulative sum (in torch, so autograd carries ``dc`` back to ``log f``)."""
+    return ScoreBias("cumulative_log_gates", per_token=cumulative_log_forget(params["log_forget"]))
+
+
+def forget_bias_for_decay_time(decay_time: float | torch.Tensor) -> torch.Tensor:
+    """The gate bias ``b`` whose gate (with ``w_f . x = 0``) forgets with time constant ``T``:
+    ``log sigmoid(b) = -1/T``, i.e. ``b = -log(expm1(1/T))`` (``T > 0`` tokens).
+
+    A key ``T`` tokens back is then down-weighted by ``e^-1``. Zero bias is ``T = 1/log 2``
+    (about 1.44 tokens, ``f = 1/2``).
+    """
+    t = torch.as_tensor(decay_time, dtype=torch.float32)
+    if not bool((t > 0).all()) or not bool(torch.isfinite(t).all()):
+        raise ValueError(f"decay_time must be finite and > 0, got {decay_time}")
+    return -torch.log(torch.expm1(1.0 / t))
+
+
+class FoXAttention(PositionalSelfAttention):
+    """Causal softmax attention with FoX's data-dependent forget gate; no position embedding.
+
+    ``forget_gate``: ``Linear(hidden_size, num_heads)``, one scalar gate per head and token,
+    ``log f = logsigmoid(forget_gate(x))`` ``[batch, heads, seq]``. Its bias starts at 0 and its
+    weights at PyTorch's default: the paper's data-dependent gate uses no special bias
+    initialisation (its official code zeroes the bias, so ``f`` starts near 1/2 and the model
+    starts with a strong recency bias it can learn away); the decay-time initialisation it
+    describes, ``b = -log(expm1(1/T))`` with ``T`` log-spaced between ``T_min`` and ``T_max``
+    across heads (:func:`forget_bias_for_decay_time`), is for its data-independent ablations.
+    ``max_position_embeddings`` is not used (no table).
+    """
+
+    encoding = "fox"
+
+    def __init__(
+        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+    ):
+        super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
+        self.forget_gate = nn.Linear(hidden_size, num_heads)
+        nn.init.zeros_(self.forget_gate.bias)
+
+    def log_forget(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``log f_t = logsigmoid(w_f . x_t + b_f)``: ``[batch, seq, hidden] -> [batch, heads,
+        seq]`` (always < 0)."""
+        return F.logsigmoid(self.forget_gate(hidden_states)).transpose(1, 2)
+
+    def attention_params(self, hidden_states: torch.Tensor) -> dict:
+        return {"log_forget": self.log_forget(hidden_states)}
+
+
+register(
+    Encoding(
+        name="fox",
+        chapter="08_content_positions",
+        summary="no position embedding: a learned forget gate per token, sum of log f on the scores",
+        module=FoXAttention,
+        color="#843c39",
+        score_bias=fox_bias,
+        params={"log_forget": REQUIRED},
+        per_key_params=("log_forget",),
+        check_params=check_fox_params,
+        kernel_bias=fox_kernel_bias,
+        reads_positions=False,  # the gates come from content; hooks get token indices
+        relative=True,  # position ids are never read: shifting them changes nothing
+        causal_only=True,
+        learnable=True,
+    )
+)
