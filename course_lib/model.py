@@ -22,8 +22,8 @@ from torch import nn
 
 from course_lib.attention import get_attention_class
 from course_lib.checks import check_choice
-from course_lib.registry import get_encoding
 from course_lib.layers import KVCache
+from course_lib.registry import get_encoding
 
 __all__ = ["BertConfig", "MiniBert", "ModelOutput", "OBJECTIVES"]
 

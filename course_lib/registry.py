@@ -32,6 +32,7 @@ __all__ = [
     "unregister",
     "get_encoding",
     "attention_methods",
+    "sequence_encodings",
 ]
 
 NORMALISER_NAMES: tuple[str, ...] = ("softmax", "stick_breaking")
@@ -227,3 +228,9 @@ def attention_methods() -> dict[str, Encoding | None]:
     methods: dict[str, Encoding | None] = {"softmax": None}
     methods.update({name: e for name, e in _REGISTRY.items() if e.acts_in_attention})
     return methods
+
+
+def sequence_encodings() -> tuple[str, ...]:
+    """The names of the encodings of token sequences (``position_dims == 1``), in course order:
+    what a language model such as ``MiniBert`` can use (the others place image patches)."""
+    return tuple(name for name, e in _REGISTRY.items() if e.position_dims == 1)

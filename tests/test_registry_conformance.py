@@ -141,7 +141,7 @@ def test_gradcheck_float64(name):
     spec = get_encoding(name)
     q, k, v = (
         t.requires_grad_()
-        for t in torch.randn(3, 1, 2, 5, 4, generator=gen(7), dtype=torch.float64)
+        for t in torch.randn(3, 1, 2, 5, 8, generator=gen(7), dtype=torch.float64)
     )
     params = example_params(name, heads=2, seq=5)
     tensors = {key: p for key, p in params.items() if torch.is_tensor(p)}
@@ -194,6 +194,8 @@ def test_triton_agrees_with_reference_forward_and_backward(name):
     """Modules with backend="triton" vs "reference" (same weights): outputs, and the gradients
     of the input and of every parameter (the encoding's own included), on a ragged length with
     padded keys, causal and bidirectional where allowed."""
+    if get_encoding(name).kernel_support:
+        pytest.skip(f"no kernel: {get_encoding(name).kernel_support}")
     device = kernel_device()
     reference = make_module(name, hidden=32, heads=2, dtype=torch.float32).to(device)
     fused = make_module(name, hidden=32, heads=2, dtype=torch.float32, backend="triton").to(device)
@@ -220,6 +222,8 @@ def test_triton_agrees_with_reference_forward_and_backward(name):
 def test_generate_with_triton_matches_reference(name):
     if get_encoding(name).position_dims != 1:
         pytest.skip("generation is for sequences; this encoding places tokens in 2-D")
+    if get_encoding(name).kernel_support:
+        pytest.skip(f"no kernel: {get_encoding(name).kernel_support}")
     """A causal model with backend="triton" decodes like the reference one (the prompt runs the
     kernel; each cached step, seq_q < seq_k, runs the reference code of the same function)."""
     config = dict(

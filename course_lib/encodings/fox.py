@@ -139,7 +139,7 @@ class FoXAttention(PositionalSelfAttention):
 register(
     Encoding(
         name="fox",
-        chapter="08_content_positions",
+        chapter="08_positions_from_content",
         summary="no position embedding: a learned forget gate per token, sum of log f on the scores",
         module=FoXAttention,
         color="#843c39",
