@@ -164,7 +164,7 @@ def kernel_encodings() -> dict[str, object]:
 
     chosen: dict[str, object] = {"softmax": None}
     for name, encoding in REGISTRY.items():
-        if encoding.acts_in_attention:
+        if encoding.acts_in_attention and encoding.position_dims == 1:  # a sequence benchmark
             chosen[name] = encoding
     return chosen
 

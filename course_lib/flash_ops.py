@@ -8,7 +8,8 @@ where key ``j`` is allowed for query ``i`` iff it is a real token (``key_padding
 when causal, ``j <= i`` (by index). The kernels know no encoding: ``q'``, ``k'`` come from the
 caller's per-token tables (:class:`course_lib.kernel_hooks.QKTables`; ``q' = q`` without) and
 ``b`` from a named score-bias hook (:class:`course_lib.kernel_hooks.ScoreBias`; 0 without). A
-query with no allowed key outputs 0. Gradients flow to q, k, v and ``score_bias.per_head``.
+query with no allowed key outputs 0. Gradients flow to q, k, v and the score bias's tensor
+(``score_bias.per_head`` or ``score_bias.per_token``, whichever its hook reads).
 
 The same interface, checks and layout convention serve the stick-breaking wrapper
 (:mod:`course_lib.stick_ops`), which imports :func:`prepare_kernel_call` from here.
@@ -40,7 +41,8 @@ class KernelCall:
     """What a wrapper hands its kernels after the checks.
 
     ``positions``: float32 ``[1 or batch, seq]``; ``mask``: int8 ``[batch, seq]`` or None;
-    ``hook``: the score-bias hook's name or None; ``per_head``: its tensor (as given) or None.
+    ``hook``: the score-bias hook's name or None; ``bias_tensor``: the tensor it reads (its
+    ``per_head`` or ``per_token``, as given) or None; ``bias_options``: its compile-time options.
     """
 
     scale: float
@@ -48,7 +50,8 @@ class KernelCall:
     mask: torch.Tensor | None
     qk_tables: QKTables | None
     hook: str | None
-    per_head: torch.Tensor | None
+    bias_tensor: torch.Tensor | None
+    bias_options: dict | None = None
 
 
 def prepare_kernel_call(
@@ -93,7 +96,7 @@ def prepare_kernel_call(
                 f"qk_tables must be a course_lib.kernel_hooks.QKTables, got {type(qk_tables)}"
             )
         tensors += [qk_tables.cos, qk_tables.sin, qk_tables.gain]
-    hook = per_head = None
+    hook = tensor = options = None
     if score_bias is not None:
         if not isinstance(score_bias, ScoreBias):
             raise TypeError(
@@ -104,12 +107,43 @@ def prepare_kernel_call(
                 f"unknown score-bias hook {score_bias.hook!r}; "
                 f"valid: {', '.join(map(repr, SCORE_BIAS_HOOK_NAMES))}"
             )
-        hook, per_head = score_bias.hook, score_bias.per_head
-        if per_head is not None and not isinstance(per_head, torch.Tensor):
-            raise TypeError(f"score_bias.per_head must be a tensor, got {type(per_head)}")
-        tensors.append(per_head)
+        hook = score_bias.hook
+        tensor, options = _bias_tensor(score_bias, kernel), dict(score_bias.options)
+        tensors.append(tensor)
     check_kernel_tensors(*tensors)
-    return KernelCall(scale, positions, mask, qk_tables, hook, per_head)
+    return KernelCall(scale, positions, mask, qk_tables, hook, tensor, options)
+
+
+def _bias_tensor(score_bias: ScoreBias, kernel: str) -> torch.Tensor | None:
+    """The one tensor the hook reads (``per_head`` or ``per_token``); the other must be None.
+    Also refuses a hook the kernel family does not take."""
+    hook = load_kernel_module("score_bias").get_hook(score_bias.hook)
+    family = "stick_breaking" if kernel == "stick-breaking" else kernel
+    if family not in hook.families:
+        raise ValueError(
+            f"the score bias {hook.name!r} ({hook.formula}) runs in the "
+            f"{' and '.join(hook.families)} kernels only, not in the {kernel} kernel"
+            + (
+                ": its per-token gradient relies on softmax rows summing to 1"
+                if hook.param == "per_token"
+                else ": that kernel takes no compile-time bias options"
+                if hook.options
+                else ""
+            )
+        )
+    for name in ("per_head", "per_token"):
+        value = getattr(score_bias, name)
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"score_bias.{name} must be a tensor, got {type(value)}")
+        if value is not None and hook.param is None:
+            raise ValueError(
+                f"the score bias {hook.name!r} ({hook.formula}) takes no {name} tensor"
+            )
+        if value is not None and name != hook.param:
+            raise ValueError(
+                f"the score bias {hook.name!r} ({hook.formula}) reads {hook.param}, not {name}"
+            )
+    return None if hook.param is None else getattr(score_bias, hook.param)
 
 
 class _FlashAttentionFunction(torch.autograd.Function):
@@ -121,7 +155,7 @@ class _FlashAttentionFunction(torch.autograd.Function):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        per_head: torch.Tensor | None,
+        bias_tensor: torch.Tensor | None,
         call: KernelCall,
         causal: bool,
     ) -> torch.Tensor:
@@ -131,7 +165,8 @@ class _FlashAttentionFunction(torch.autograd.Function):
             scale=call.scale,
             qk_tables=call.qk_tables,
             bias_hook=call.hook,
-            bias_params=None if per_head is None else per_head.detach(),
+            bias_params=None if bias_tensor is None else bias_tensor.detach(),
+            bias_options=call.bias_options,
         )
         out, lse = kernels.flash_attention_forward(q, k, v, call.positions, call.mask, **options)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -149,8 +184,8 @@ class _FlashAttentionFunction(torch.autograd.Function):
             grad_out, q, k, v, out, lse, call.positions, call.mask,
             bias_grad=want_bias_grad, **ctx.options,
         )  # fmt: skip
-        d_per_head = dparams.to(call.per_head.dtype) if want_bias_grad else None
-        return dq, dk, dv, d_per_head, None, None
+        d_bias = dparams.to(call.bias_tensor.dtype) if want_bias_grad else None
+        return dq, dk, dv, d_bias, None, None
 
 
 def flash_attention(
@@ -165,7 +200,7 @@ def flash_attention(
     qk_tables: QKTables | None = None,
     score_bias: ScoreBias | None = None,
 ) -> torch.Tensor:
-    """Fused flash attention; differentiable in q, k, v and ``score_bias.per_head``.
+    """Fused flash attention; differentiable in q, k, v and the score bias's tensor.
 
     Args:
         q, k, v: ``[batch, heads, seq, head_dim]``, one dtype of fp32/fp16/bf16, head_dim in
@@ -178,7 +213,8 @@ def flash_attention(
         scale: logit scale, default ``1/sqrt(head_dim)``.
         qk_tables: per-token q/k tables (``cos``, ``sin`` float32 ``[1 or batch, seq,
             head_dim/2]``, optional ``gain`` ``[head_dim]``, pair ``layout``), or None.
-        score_bias: a named bias hook and its ``per_head`` tensor, or None.
+        score_bias: a named bias hook with its ``per_head`` (``[heads]`` or ``[heads, width]``)
+            or ``per_token`` (``[batch, heads, seq]``) tensor and its ``options``, or None.
 
     Returns:
         ``[batch, heads, seq, head_dim]`` in the input dtype; rows with no allowed key are 0.
@@ -187,4 +223,4 @@ def flash_attention(
         q, k, v, kernel="flash", causal=causal, key_padding_mask=key_padding_mask,
         position_ids=position_ids, scale=scale, qk_tables=qk_tables, score_bias=score_bias,
     )  # fmt: skip
-    return _FlashAttentionFunction.apply(q, k, v, call.per_head, call, causal)
+    return _FlashAttentionFunction.apply(q, k, v, call.bias_tensor, call, causal)

@@ -36,7 +36,7 @@ class _StickBreakingFunction(torch.autograd.Function):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        per_head: torch.Tensor | None,
+        bias_tensor: torch.Tensor | None,
         call: KernelCall,
         causal: bool,
     ) -> torch.Tensor:
@@ -46,7 +46,7 @@ class _StickBreakingFunction(torch.autograd.Function):
             scale=call.scale,
             qk_tables=call.qk_tables,
             bias_hook=call.hook,
-            bias_params=None if per_head is None else per_head.detach(),
+            bias_params=None if bias_tensor is None else bias_tensor.detach(),
         )
         out, mass = kernels.stick_breaking_forward(q, k, v, call.positions, call.mask, **options)
         ctx.save_for_backward(q, k, v, mass)
@@ -64,8 +64,8 @@ class _StickBreakingFunction(torch.autograd.Function):
             grad_out, q, k, v, mass, call.positions, call.mask,
             bias_grad=want_bias_grad, **ctx.options,
         )  # fmt: skip
-        d_per_head = dparams.to(call.per_head.dtype) if want_bias_grad else None
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_per_head, None, None
+        d_bias = dparams.to(call.bias_tensor.dtype) if want_bias_grad else None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_bias, None, None
 
 
 def stick_breaking_attention(
@@ -93,7 +93,9 @@ def stick_breaking_attention(
         scale: logit scale, default ``1/sqrt(head_dim)``.
         qk_tables: per-token q/k tables (``cos``, ``sin`` float32 ``[1 or batch, seq,
             head_dim/2]``, optional ``gain`` ``[head_dim]``, pair ``layout``), or None.
-        score_bias: a named bias hook and its ``per_head`` tensor, or None.
+        score_bias: a named bias hook and its ``per_head`` tensor, or None. The hooks that only
+            the flash kernels take (``"t5_buckets"``, ``"cumulative_log_gates"``) are refused
+            with a ValueError.
 
     Returns:
         ``[batch, heads, seq, head_dim]`` in the input dtype.
@@ -102,4 +104,4 @@ def stick_breaking_attention(
         q, k, v, kernel="stick-breaking", causal=causal, key_padding_mask=key_padding_mask,
         position_ids=position_ids, scale=scale, qk_tables=qk_tables, score_bias=score_bias,
     )  # fmt: skip
-    return _StickBreakingFunction.apply(q, k, v, call.per_head, call, causal)
+    return _StickBreakingFunction.apply(q, k, v, call.bias_tensor, call, causal)

@@ -11,8 +11,10 @@ Layout convention (flash and stick-breaking alike):
 * q/k tables (see :class:`course_lib.kernel_hooks.QKTables`): ``cos``, ``sin`` float32
   ``[1 or batch, seq, head_dim/2]`` (batch stride 0 for a leading 1; seq and pair dimensions
   contiguous), ``gain`` float32 ``[head_dim]`` or None, ``layout`` in :data:`PAIR_LAYOUTS`.
-* score-bias parameters: the tensor a hook reads (``per_head`` float32 ``[heads]``), moved to
-  the program's (batch, head) by ``batch * stride_bias_b + head * stride_bias_h``.
+* score-bias parameters: the tensor a hook reads (``per_head`` float32 ``[heads]`` or ``[heads,
+  width]``, ``per_token`` ``[batch, heads, seq]``), moved to the program's (batch, head) by
+  ``batch * stride_bias_b + head * stride_bias_h`` (the hook's :meth:`BiasHook.strides`); the
+  hook's compile-time options reach the kernels as the constexpr ``BIAS_OPTIONS``.
 
 Every kernel of both families starts with :func:`_program_setup`, which turns the program ids
 into the block index and the (batch, head) and moves every per-(batch, head) pointer there.
@@ -20,7 +22,9 @@ into the block index and the (batch, head) and moves every per-(batch, head) poi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -29,7 +33,17 @@ import triton.language as tl
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS, PAIR_LAYOUTS
 from .score_bias import BiasHook, get_hook
 
-__all__ = ["LaunchArgs", "check_launch_inputs", "dot_precision", "prepare_launch"]
+__all__ = [
+    "Launch",
+    "LaunchArgs",
+    "check_launch_inputs",
+    "dot_precision",
+    "gpu_arch",
+    "planned_launches",
+    "prepare_launch",
+    "run_launch",
+    "smem_per_block",
+]
 
 
 @triton.jit
@@ -93,6 +107,90 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """One kernel launch exactly as a wrapper issues it: ``kernel[grid](*args, **kwargs)``.
+
+    ``kwargs`` holds the constexpr arguments and the launch options (``num_warps``,
+    ``num_stages``); ``name`` says which pass it is (``"forward"``, ``"dkdv"``, ...).
+    """
+
+    name: str
+    kernel: object
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+
+
+class _Plan:
+    """The launches recorded inside :func:`planned_launches`, for a GPU of ``arch``."""
+
+    def __init__(self, arch: int):
+        self.arch = arch
+        self.launches: list[Launch] = []
+
+
+_PLAN: list[_Plan] = []
+
+
+@contextmanager
+def planned_launches(arch: int) -> Iterator[list[Launch]]:
+    """Within this block the wrappers record their launches instead of running them.
+
+    The wrappers run all their own code (checks, configuration for a GPU of compute capability
+    ``arch``, e.g. 90 for an H100 or 80 for an A100, output allocation, argument lists) and hand
+    each launch to :func:`run_launch`, which appends it to the yielded list. With tensors on the
+    ``meta`` device nothing is allocated: this is how the launches are compiled ahead of time on
+    a machine without a GPU, from the wrappers' own code.
+    """
+    plan = _Plan(int(arch))
+    _PLAN.append(plan)
+    try:
+        yield plan.launches
+    finally:
+        _PLAN.remove(plan)
+
+
+def gpu_arch(device: torch.device) -> int | None:
+    """The compute capability the wrappers configure for: ``major * 10 + minor`` of the CUDA
+    device (the planned one inside :func:`planned_launches`), or None in the interpreter."""
+    if _PLAN:
+        return _PLAN[-1].arch
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+# Shared memory one CTA may opt in to, bytes, by compute capability (CUDA's per-block opt-in
+# limits); an unknown GPU is assumed to have the smallest of the current ones.
+SMEM_PER_BLOCK = {70: 96 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
+                  90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}  # fmt: skip
+
+
+def smem_per_block(device: torch.device) -> int:
+    """The shared memory one CTA may use on ``device`` (the planned GPU inside
+    :func:`planned_launches`), in bytes; 0 in the interpreter (no limit applies there)."""
+    arch = gpu_arch(device)
+    if arch is None:
+        return 0
+    if not _PLAN:
+        optin = getattr(
+            torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0
+        )
+        if optin:
+            return int(optin)
+    return SMEM_PER_BLOCK.get(arch, min(SMEM_PER_BLOCK.values()))
+
+
+def run_launch(launch: Launch) -> None:
+    """Launch it, or record it inside :func:`planned_launches`."""
+    if _PLAN:
+        _PLAN[-1].launches.append(launch)
+        return
+    launch.kernel[launch.grid](*launch.args, **launch.kwargs)
+
+
+@dataclass(frozen=True)
 class LaunchArgs:
     """The tensors and switches of one launch, absent inputs replaced by never-read dummies."""
 
@@ -110,6 +208,7 @@ class LaunchArgs:
     has_gain: bool
     half_layout: bool
     hook: BiasHook | None
+    bias_options: tuple | None = None  # the hook's BIAS_OPTIONS constexpr
 
     def strides(self) -> tuple[int, int, int, int]:
         """``(stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h)``."""
@@ -129,6 +228,7 @@ def check_launch_inputs(
     qk_tables,
     bias_hook: str | None,
     bias_params: torch.Tensor | None,
+    bias_options: dict | None = None,
 ) -> None:
     """Raise a ValueError/TypeError saying what is wrong with a launch's inputs."""
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
@@ -168,17 +268,10 @@ def check_launch_inputs(
             _fail("bias parameters were given without a score-bias hook")
         return
     hook = get_hook(bias_hook)
-    if hook.param is None and bias_params is not None:
-        _fail(f"the score bias {hook.name!r} ({hook.formula}) takes no per_head tensor")
-    if hook.param == "per_head":
-        if bias_params is None:
-            _fail(f"the score bias {hook.name!r} ({hook.formula}) needs per_head [{heads}]")
-        if not bias_params.is_floating_point():
-            _fail(f"per_head must be floating-point, got {bias_params.dtype}", TypeError)
-        if tuple(bias_params.shape) != (heads,):
-            _fail(f"per_head must have shape [heads] = [{heads}], got {tuple(bias_params.shape)}")
-        if bias_params.device != q.device:
-            _fail(f"per_head must be on {q.device}, got {bias_params.device}")
+    hook.kernel_options(bias_options)  # its compile-time options: all given, valid
+    hook.check_tensor(
+        bias_params, batch=batch, heads=heads, seq=seq, device=q.device, options=bias_options
+    )
 
 
 def _check_tables(tables, batch: int, seq: int, head_dim: int, device: torch.device) -> None:
@@ -235,6 +328,7 @@ def prepare_launch(
     qk_tables,
     bias_hook: str | None,
     bias_params: torch.Tensor | None,
+    bias_options: dict | None = None,
 ) -> LaunchArgs:
     """The arguments a launch passes besides q, k, v (checked by :func:`check_launch_inputs`)."""
     dummy = torch.zeros(1, dtype=torch.float32, device=q.device)
@@ -255,7 +349,7 @@ def prepare_launch(
     params, stride_bias_b, stride_bias_h = dummy, 0, 0
     if bias_params is not None:
         params = bias_params.detach().to(torch.float32).contiguous()
-        stride_bias_h = 1  # per_head [heads]: the same value for every batch row
+        stride_bias_b, stride_bias_h = hook.strides(params)  # per_head: 0 for the batch
     return LaunchArgs(
         mask=mask,
         cos=cos,
@@ -273,4 +367,5 @@ def prepare_launch(
         # contiguous memory.
         half_layout=qk_tables is None or qk_tables.layout == "half",
         hook=hook,
+        bias_options=None if hook is None else hook.kernel_options(bias_options),
     )

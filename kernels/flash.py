@@ -44,7 +44,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LaunchArgs, _program_setup, check_launch_inputs, dot_precision, prepare_launch
+from .common import (
+    Launch,
+    LaunchArgs,
+    _program_setup,
+    check_launch_inputs,
+    dot_precision,
+    gpu_arch,
+    prepare_launch,
+    run_launch,
+)
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 
 __all__ = [
@@ -239,6 +248,7 @@ def _flash_fwd_kernel(
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    BIAS_OPTIONS: tl.constexpr = None,
 ):
     """One query block of one (batch, head): online softmax over the key blocks."""
     pid_m, pid_bh, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS = _program_setup(
@@ -257,8 +267,8 @@ def _flash_fwd_kernel(
         Q, stride_qs, stride_qd, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
         gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
-    if BIAS_FN is not None:  # query indices and positions as [BLOCK_M, 1] columns
-        row_idx = offs_m[:, None]
+    if BIAS_FN is not None:  # query indices (tails clamped) and positions as [BLOCK_M, 1] columns
+        row_idx = tl.minimum(offs_m, seq_len - 1)[:, None]
         row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
@@ -287,7 +297,8 @@ def _flash_fwd_kernel(
         s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION) * qk_scale_log2
         if BIAS_FN is not None:  # the score-bias hook, in base 2
             pos_n = tl.load(POS + offs_n, mask=col_valid, other=0.0)
-            s += BIAS_FN(row_idx, offs_n[None, :], row_pos, pos_n[None, :], BIAS, True)
+            col_idx = tl.minimum(offs_n, seq_len - 1)[None, :]
+            s += BIAS_FN(row_idx, col_idx, row_pos, pos_n[None, :], BIAS, True, BIAS_OPTIONS)
         allowed = col_valid[None, :]
         if HAS_MASK:
             allowed = allowed & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)[None, :]
@@ -407,6 +418,7 @@ def _flash_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    BIAS_OPTIONS: tl.constexpr = None,
 ):
     """dK and dV for one key block, walking the query blocks (transposed tiles ``[keys, queries]``).
 
@@ -433,8 +445,8 @@ def _flash_bwd_dkdv_kernel(
     key_real = col_valid
     if HAS_MASK:
         key_real = key_real & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)
-    if BIAS_FN is not None:  # key indices and positions as [BLOCK_N, 1] columns
-        key_idx = offs_n[:, None]
+    if BIAS_FN is not None:  # key indices (tails clamped) and positions as [BLOCK_N, 1] columns
+        key_idx = tl.minimum(offs_n, seq_len - 1)[:, None]
         key_pos = tl.load(POS + offs_n, mask=col_valid, other=0.0)[:, None]
     if BIAS_GRAD_FN is not None:
         dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)
@@ -471,7 +483,8 @@ def _flash_bwd_dkdv_kernel(
         s_t = tl.dot(k2, tl.trans(q2), s_t, input_precision=DOT_PRECISION) * qk_scale_log2
         if BIAS_FN is not None:
             pos_m = tl.load(POS + offs_m, mask=row_valid, other=0.0)
-            s_t += BIAS_FN(offs_m[None, :], key_idx, pos_m[None, :], key_pos, BIAS, True)
+            query_idx = tl.minimum(offs_m, seq_len - 1)[None, :]
+            s_t += BIAS_FN(query_idx, key_idx, pos_m[None, :], key_pos, BIAS, True, BIAS_OPTIONS)
         allowed = key_real[:, None] & row_valid[None, :]
         if CAUSAL:
             allowed = allowed & (offs_m[None, :] >= offs_n[:, None])
@@ -482,7 +495,7 @@ def _flash_bwd_dkdv_kernel(
         ds_t = p_t * (dp_t - delta[None, :])
         if BIAS_GRAD_FN is not None:  # queries are axis 1 of these tiles
             dbias = BIAS_GRAD_FN(
-                dbias, ds_t, offs_m[None, :], key_idx, pos_m[None, :], key_pos, BIAS, 1
+                dbias, ds_t, query_idx, key_idx, pos_m[None, :], key_pos, BIAS, 1, BIAS_OPTIONS
             )
         ds_t = ds_t.to(q1.dtype)
         dk1 = tl.dot(ds_t, q1, dk1, input_precision=DOT_PRECISION)
@@ -552,6 +565,7 @@ def _flash_bwd_dq_kernel(
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    BIAS_OPTIONS: tl.constexpr = None,
 ):
     """dQ for one query block, walking the key blocks.
 
@@ -580,7 +594,7 @@ def _flash_bwd_dq_kernel(
     lse = tl.load(LSE + offs_m, mask=row_valid, other=float("inf"))
     delta = tl.load(DELTA + offs_m, mask=row_valid, other=0.0)
     if BIAS_FN is not None:
-        row_idx = offs_m[:, None]
+        row_idx = tl.minimum(offs_m, seq_len - 1)[:, None]
         row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
 
     dq1 = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
@@ -606,7 +620,8 @@ def _flash_bwd_dq_kernel(
         s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION) * qk_scale_log2
         if BIAS_FN is not None:
             pos_n = tl.load(POS + offs_n, mask=col_valid, other=0.0)
-            s += BIAS_FN(row_idx, offs_n[None, :], row_pos, pos_n[None, :], BIAS, True)
+            col_idx = tl.minimum(offs_n, seq_len - 1)[None, :]
+            s += BIAS_FN(row_idx, col_idx, row_pos, pos_n[None, :], BIAS, True, BIAS_OPTIONS)
         allowed = col_valid[None, :] & row_valid[:, None]
         if HAS_MASK:
             allowed = allowed & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)[None, :]
@@ -682,7 +697,7 @@ def pick_config(
     """Block sizes and launch options of one kernel (``"forward"``, ``"dkdv"`` or ``"dq"``)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
-    if device.type != "cuda":
+    if gpu_arch(device) is None:
         return FlashConfig(*_INTERPRETER_CONFIGS[kernel])
     if dtype == torch.float32:
         family = "fp32"
@@ -706,6 +721,7 @@ def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) ->
         HAS_GAIN=a.has_gain,
         HALF_LAYOUT=a.half_layout,
         BIAS_FN=None if a.hook is None else a.hook.bias,
+        BIAS_OPTIONS=a.bias_options,
         CAUSAL=bool(causal),
         HAS_MASK=a.has_mask,
         DOT_PRECISION=dot_precision(dtype),
@@ -724,6 +740,7 @@ def flash_attention_forward(
     qk_tables=None,
     bias_hook: str | None = None,
     bias_params: torch.Tensor | None = None,
+    bias_options: dict | None = None,
     config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel.
@@ -731,25 +748,29 @@ def flash_attention_forward(
     q, k, v: ``[batch, heads, seq, head_dim]`` (any strides); positions: float32
     ``[1 or batch, seq]``; key_mask: ``[batch, seq]`` (nonzero = real) or None; qk_tables: an
     object with ``cos``, ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None; bias_hook:
-    a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor it reads.
-    Returns ``(out [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32,
+    a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor it reads,
+    bias_options: its compile-time options (``ScoreBias.options``; each set compiles its own
+    kernel). Returns ``(out [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32,
     base 2)``.
     """
-    check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
+    check_launch_inputs(
+        q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options
+    )
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
-    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
+    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
     cfg = config or pick_config("forward", head_dim, q.dtype, q.device)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch * heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
-    _flash_fwd_kernel[grid](
+    run_launch(Launch("forward", _flash_fwd_kernel, grid, (
         q, k, v, out, lse, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
         *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
         seq, heads, scale * LOG2E,
+    ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **_switches(a, head_dim, causal, q.dtype),
-    )  # fmt: skip
+    )))  # fmt: skip
     return out, lse
 
 
@@ -768,6 +789,7 @@ def flash_attention_backward(
     qk_tables=None,
     bias_hook: str | None = None,
     bias_params: torch.Tensor | None = None,
+    bias_options: dict | None = None,
     bias_grad: bool = False,
     configs: dict[str, FlashConfig] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -778,12 +800,14 @@ def flash_attention_backward(
     from :func:`flash_attention_forward`; the other arguments as given to it. ``configs`` may
     override the block sizes of ``"dkdv"`` and/or ``"dq"``.
     """
-    check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
+    check_launch_inputs(
+        q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options
+    )
     if grad_out.shape != q.shape:
         raise ValueError(f"grad_out must have shape {tuple(q.shape)}, got {tuple(grad_out.shape)}")
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
-    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
+    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
     if bias_grad and (a.hook is None or a.hook.grad is None):
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     configs = dict(configs or {})
@@ -794,33 +818,34 @@ def flash_attention_backward(
     dk = torch.empty(shape, dtype=q.dtype, device=device)
     dv = torch.empty(shape, dtype=q.dtype, device=device)
     delta = torch.empty_like(lse)
-    _flash_bwd_delta_kernel[(triton.cdiv(seq, 64), batch * heads)](
+    run_launch(Launch("delta", _flash_bwd_delta_kernel, (triton.cdiv(seq, 64), batch * heads), (
         out, grad_out, delta, out.stride(0), out.stride(1), *grad_out.stride(), seq, heads,
-        HEAD_DIM=head_dim, BLOCK_M=64,
-    )  # fmt: skip
+    ), dict(HEAD_DIM=head_dim, BLOCK_M=64)))  # fmt: skip
     switches = _switches(a, head_dim, causal, q.dtype)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     cfg = configs["dkdv"]
     num_key_blocks = triton.cdiv(seq, cfg.block_n)
-    grad_width = a.hook.grad_width(cfg.block_n) if bias_grad else 1
+    grad_width = a.hook.grad_width(cfg.block_n, bias_options) if bias_grad else 1
     partials = torch.empty(
         (batch * heads, num_key_blocks, grad_width) if bias_grad else (1,),
         dtype=torch.float32,
         device=device,
     )
-    _flash_bwd_dkdv_kernel[(num_key_blocks, batch * heads)](
+    run_launch(Launch("dkdv", _flash_bwd_dkdv_kernel, (num_key_blocks, batch * heads), (
         q, k, v, grad_out, lse, delta, dk, dv, positions, a.mask, a.cos, a.sin, a.gain,
         a.bias_params, partials, *strides, seq, heads, scale, scale * LOG2E,
+    ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **switches,
-    )  # fmt: skip
+    )))  # fmt: skip
     cfg = configs["dq"]
-    _flash_bwd_dq_kernel[(triton.cdiv(seq, cfg.block_m), batch * heads)](
+    run_launch(Launch("dq", _flash_bwd_dq_kernel, (triton.cdiv(seq, cfg.block_m), batch * heads), (
         q, k, v, grad_out, lse, delta, dq, positions, a.mask, a.cos, a.sin, a.gain,
         a.bias_params, *strides, seq, heads, scale, scale * LOG2E,
+    ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **switches,
-    )  # fmt: skip
-    dparams = a.hook.reduce_grad(partials, batch, heads) if bias_grad else None
+    )))  # fmt: skip
+    dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_params.shape) if bias_grad else None
     return dq, dk, dv, dparams

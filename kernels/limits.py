@@ -27,4 +27,9 @@ MAX_BATCH_HEADS = 65535
 # (2t, 2t+1) for "interleaved" and (t, t + head_dim/2) for "half".
 PAIR_LAYOUTS: tuple[str, ...] = ("interleaved", "half")
 # The names of the score-bias hooks (the keys of score_bias.SCORE_BIAS_HOOKS).
-SCORE_BIAS_HOOK_NAMES: tuple[str, ...] = ("linear_distance", "exposb_distance")
+SCORE_BIAS_HOOK_NAMES: tuple[str, ...] = (
+    "linear_distance",
+    "exposb_distance",
+    "t5_buckets",
+    "cumulative_log_gates",
+)

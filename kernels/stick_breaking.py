@@ -28,7 +28,8 @@ so logits of any finite magnitude give finite weights and gradients.
 
 Forward, per query block: key blocks are visited from the nearest to the farthest (left stick:
 from the diagonal block down to block 0; right stick: from the diagonal block up), carrying per row
-the sum of ``softplus(z)`` over the keys already passed (``-log`` of what is left of the stick).
+the sum of ``softplus(z)`` over the keys already passed (``-log`` of what is left of the stick;
+the tiles work in base 2, see ``_stick_tile``).
 Inside a block, ``tl.cumsum`` (reversed for the left stick) gives the part of that sum contributed
 by the nearer keys of the same block. ``sum_j A_ij v_j`` is accumulated with ``tl.dot`` and
 ``sum_j A_ij`` (the row's mass, stored for the backward) alongside, both in fp32.
@@ -72,7 +73,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LaunchArgs, _program_setup, check_launch_inputs, dot_precision, prepare_launch
+from .common import (
+    Launch,
+    LaunchArgs,
+    _program_setup,
+    check_launch_inputs,
+    dot_precision,
+    prepare_launch,
+    run_launch,
+    smem_per_block,
+)
+from .fast_math import LOG2E, fast_log2
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 
 __all__ = [
@@ -92,21 +103,34 @@ __all__ = [
 
 
 @triton.jit
-def _rope_layout(HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr):
-    """Per channel ``d``: its pair partner, its pair index ``t`` and the sign of the partner term.
-
-    ``rot(x)[d] = x[d] * cos_t + sign[d] * x[partner[d]] * sin_t``.
-    """
-    d = tl.arange(0, HEAD_DIM)
+def _pair_halves(x, HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr):
+    """Split a register tile ``[rows, HEAD_DIM]`` into its pair halves ``(x_1, x_2)``, each
+    ``[rows, HEAD_DIM/2]``: channels ``(2t, 2t+1)`` (interleaved) or ``(t, t + HEAD_DIM/2)``
+    (half) of pair ``t``. No memory is touched."""
+    rows: tl.constexpr = x.shape[0]
     if HALF_LAYOUT:
-        partner = (d + HEAD_DIM // 2) % HEAD_DIM
-        pair = d % (HEAD_DIM // 2)
-        sign = tl.where(d < HEAD_DIM // 2, -1.0, 1.0)
+        x1, x2 = tl.split(tl.permute(tl.reshape(x, [rows, 2, HEAD_DIM // 2]), (0, 2, 1)))
     else:
-        partner = d ^ 1
-        pair = d // 2
-        sign = tl.where(d % 2 == 0, -1.0, 1.0)
-    return partner, pair, sign
+        x1, x2 = tl.split(tl.reshape(x, [rows, HEAD_DIM // 2, 2]))
+    return x1, x2
+
+
+@triton.jit
+def _join_halves(x1, x2, HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr):
+    """The inverse of :func:`_pair_halves`."""
+    rows: tl.constexpr = x1.shape[0]
+    if HALF_LAYOUT:
+        return tl.reshape(tl.permute(tl.join(x1, x2), (0, 2, 1)), [rows, HEAD_DIM])
+    return tl.reshape(tl.join(x1, x2), [rows, HEAD_DIM])
+
+
+@triton.jit
+def _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM: tl.constexpr):
+    """``cos``, ``sin`` of ``rows``: float32 ``[rows, HEAD_DIM/2]`` (rows past the end: 1, 0)."""
+    tab = rows[:, None] * (HEAD_DIM // 2) + tl.arange(0, HEAD_DIM // 2)[None, :]
+    cos = tl.load(cos_base + tab, mask=row_ok[:, None], other=1.0)
+    sin = tl.load(sin_base + tab, mask=row_ok[:, None], other=0.0)
+    return cos, sin
 
 
 @triton.jit
@@ -118,50 +142,31 @@ def _load_rotated(
     stride_d,
     cos_base,
     sin_base,
-    partner,
-    pair,
-    sign,
+    HALF_LAYOUT: tl.constexpr,
     gain,
     HEAD_DIM: tl.constexpr,
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
 ):
-    """A ``[rows, HEAD_DIM]`` tile in fp32 (rows past the end read as 0), through the tables if
-    ``HAS_TABLES``.
+    """A ``[rows, HEAD_DIM]`` tile in its input dtype (rows past the end read as 0), through the
+    tables if ``HAS_TABLES``.
 
-    ``x' = g * (R x)``: the tile is loaded twice, at its channels and at their pair partners, and
-    combined with per-channel ``cos``/``sin`` read from the tables ``[seq, HEAD_DIM/2]`` at the
-    pair index (so the transform needs no data movement between channels), then multiplied by
-    the per-channel gain ``g`` if ``HAS_GAIN``.
+    ``x' = g * (R x)``: the tile is loaded once and split into its pair halves in registers,
+    ``x'_1 = x_1 cos - x_2 sin``, ``x'_2 = x_1 sin + x_2 cos`` in fp32 with ``cos``/``sin``
+    ``[rows, HEAD_DIM/2]`` from the tables, joined back and multiplied by the per-channel gain
+    ``g`` if ``HAS_GAIN``.
     """
     d = tl.arange(0, HEAD_DIM)
-    row_offs = rows[:, None] * stride_s
-    x = tl.load(base + row_offs + d[None, :] * stride_d, mask=row_ok[:, None], other=0.0)
-    x = x.to(tl.float32)
+    x = tl.load(base + rows[:, None] * stride_s + d[None, :] * stride_d, mask=row_ok[:, None],
+                other=0.0)  # fmt: skip
     if HAS_TABLES:
-        x_partner = tl.load(
-            base + row_offs + partner[None, :] * stride_d, mask=row_ok[:, None], other=0.0
-        ).to(tl.float32)
-        tab = rows[:, None] * (HEAD_DIM // 2) + pair[None, :]
-        cos = tl.load(cos_base + tab, mask=row_ok[:, None], other=1.0)
-        sin = tl.load(sin_base + tab, mask=row_ok[:, None], other=0.0)
-        x = x * cos + sign[None, :] * x_partner * sin
+        cos, sin = _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM)
+        x1, x2 = _pair_halves(x.to(tl.float32), HEAD_DIM, HALF_LAYOUT)
+        y = _join_halves(x1 * cos - x2 * sin, x1 * sin + x2 * cos, HEAD_DIM, HALF_LAYOUT)
         if HAS_GAIN:
-            x = x * gain[None, :]
+            y = y * gain[None, :]
+        x = y.to(x.dtype)
     return x
-
-
-@triton.jit
-def _swap_pairs(x, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr):
-    """The register tile ``x[:, partner(d)]``: each channel exchanged with its pair partner."""
-    if HALF_LAYOUT:
-        halves = tl.permute(tl.reshape(x, [ROWS, 2, HEAD_DIM // 2]), (0, 2, 1))
-        low, high = tl.split(halves)
-        y = tl.reshape(tl.permute(tl.join(high, low), (0, 2, 1)), [ROWS, HEAD_DIM])
-    else:
-        even, odd = tl.split(tl.reshape(x, [ROWS, HEAD_DIM // 2, 2]))
-        y = tl.reshape(tl.join(odd, even), [ROWS, HEAD_DIM])
-    return y
 
 
 @triton.jit
@@ -172,8 +177,6 @@ def _store_unrotated(
     grad,
     cos_base,
     sin_base,
-    pair,
-    sign,
     gain,
     ROWS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -183,19 +186,16 @@ def _store_unrotated(
 ):
     """Store a gradient w.r.t. ``x'`` as one w.r.t. ``x`` into a contiguous fp32 ``[seq, D]``.
 
-    ``dx = R(p)^T (g * dx')``: with ``y = g * dx'``,
-    ``dx[d] = y[d] * cos_t - sign[d] * y[partner[d]] * sin_t``; the partner channels are
-    exchanged in registers.
+    ``dx = R(p)^T (g * dx')``: with ``y = g * dx'`` split into pair halves in registers,
+    ``dx_1 = y_1 cos + y_2 sin``, ``dx_2 = y_2 cos - y_1 sin``.
     """
     d = tl.arange(0, HEAD_DIM)
     if HAS_TABLES:
         if HAS_GAIN:
             grad = grad * gain[None, :]
-        tab = rows[:, None] * (HEAD_DIM // 2) + pair[None, :]
-        cos = tl.load(cos_base + tab, mask=row_ok[:, None], other=1.0)
-        sin = tl.load(sin_base + tab, mask=row_ok[:, None], other=0.0)
-        grad_partner = _swap_pairs(grad, ROWS, HEAD_DIM, HALF_LAYOUT)
-        grad = grad * cos - sign[None, :] * grad_partner * sin
+        cos, sin = _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM)
+        y1, y2 = _pair_halves(grad, HEAD_DIM, HALF_LAYOUT)
+        grad = _join_halves(y1 * cos + y2 * sin, y2 * cos - y1 * sin, HEAD_DIM, HALF_LAYOUT)
     tl.store(base + rows[:, None] * HEAD_DIM + d[None, :], grad, mask=row_ok[:, None])
 
 
@@ -212,9 +212,7 @@ def _load_keys(
     stride_kd,
     stride_vs,
     stride_vd,
-    partner,
-    pair,
-    sign,
+    HALF_LAYOUT: tl.constexpr,
     gain,
     seq_len,
     HEAD_DIM: tl.constexpr,
@@ -236,7 +234,7 @@ def _load_keys(
     else:
         pos_j = tl.zeros([BLOCK_N], dtype=tl.float32)
     k = _load_rotated(
-        k_base, cols, col_in, stride_ks, stride_kd, cos_base, sin_base, partner, pair, sign, gain,
+        k_base, cols, col_in, stride_ks, stride_kd, cos_base, sin_base, HALF_LAYOUT, gain,
         HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(k_base.dtype.element_ty)  # fmt: skip
     d = tl.arange(0, HEAD_DIM)
@@ -284,33 +282,37 @@ def _stick_tile(
     BIAS_FN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One ``[rows, cols]`` tile of one stick.
+    """One ``[rows, cols]`` tile of one stick, in base 2.
 
-    ``log_stick`` ``[rows]`` is the sum of ``softplus(z)`` over the allowed keys of this stick in
-    the blocks nearer to the query than this one. Returns ``allowed``, ``softplus(z)`` (0 where
-    not allowed), the weights ``A`` and ``beta = sigmoid(z)`` (both 0 where not allowed).
+    ``log_stick`` ``[rows]`` is the sum of ``softplus(z) * log2(e)`` over the allowed keys of this
+    stick in the blocks nearer to the query than this one. Returns ``allowed``,
+    ``softplus(z) * log2(e)`` (0 where not allowed), the weights ``A`` and ``beta = sigmoid(z)``
+    (both 0 where not allowed). Base 2 makes every exponential one ``exp2`` and the logarithm one
+    approximate ``log2`` (:func:`.fast_math.fast_log2`).
     """
-    z = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
-    if BIAS_FN is not None:  # the score-bias hook, natural units
-        z += BIAS_FN(
-            rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :], bias_params, False
+    # z2 = z * log2(e)
+    z2 = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * LOG2E)
+    if BIAS_FN is not None:  # the score-bias hook, times log2(e)
+        z2 += BIAS_FN(
+            rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :], bias_params, True
         )
     if LEFT:
         side = cols[None, :] < rows[:, None]
     else:
         side = cols[None, :] > rows[:, None]
     allowed = side & row_ok[:, None] & key_ok[None, :]
-    # softplus(z) = log(1 + e^z) = max(z, 0) + log(1 + e^-|z|); logsigmoid(z) = z - softplus(z).
-    log1p_exp = tl.log(1.0 + tl.exp(-tl.abs(z)))
-    log_beta = tl.minimum(z, 0.0) - log1p_exp
-    sp = tl.where(allowed, tl.maximum(z, 0.0) + log1p_exp, 0.0)
+    # softplus(z) = max(z, 0) + log(1 + e^-|z|); logsigmoid(z) = z - softplus(z); here times
+    # log2(e), the argument of the log in [1, 2].
+    log1p_exp = fast_log2(1.0 + tl.exp2(-tl.abs(z2)))
+    log_beta = tl.minimum(z2, 0.0) - log1p_exp
+    sp = tl.where(allowed, tl.maximum(z2, 0.0) + log1p_exp, 0.0)
     # Nearer keys of this block: after j for the left stick, before j for the right one.
     nearer = tl.cumsum(sp, axis=1, reverse=LEFT) - sp
     log_a = log_beta - log_stick[:, None] - nearer
     if not CAUSAL:
-        log_a += -0.6931471805599453  # log(1/2): each stick holds half of the mass
-    a = tl.where(allowed, tl.exp(log_a), 0.0)
-    beta = tl.where(allowed, tl.exp(log_beta), 0.0)
+        log_a += -1.0  # log2(1/2): each stick holds half of the mass
+    a = tl.where(allowed, tl.exp2(log_a), 0.0)
+    beta = tl.where(allowed, tl.exp2(log_beta), 0.0)
     return allowed, sp, a, beta
 
 
@@ -338,9 +340,7 @@ def _forward_one_stick(
     stride_kd,
     stride_vs,
     stride_vd,
-    partner,
-    pair,
-    sign,
+    HALF_LAYOUT: tl.constexpr,
     gain,
     seq_len,
     scale,
@@ -372,7 +372,7 @@ def _forward_one_stick(
             kb = first + step
         cols, key_ok, pos_j, k, v = _load_keys(
             kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, partner, pair, sign, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
+            stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
             HAS_TABLES, HAS_GAIN, BIAS_FN,
         )  # fmt: skip
         _allowed, sp, a, _beta = _stick_tile(
@@ -441,11 +441,10 @@ def _stick_fwd_kernel(
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
-    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_LAYOUT)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
     pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN)
     q = _load_rotated(
-        q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, partner, pair, sign,
+        q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
         gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(q_ptr.dtype.element_ty)  # fmt: skip
 
@@ -453,14 +452,14 @@ def _stick_fwd_kernel(
     mass = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, mass = _forward_one_stick(
         acc, mass, q, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base, cos_base,
-        sin_base, stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, gain,
+        sin_base, stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain,
         seq_len, scale, bias, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, HAS_MASK, BIAS_FN,
         HAS_TABLES, HAS_GAIN, DOT_PRECISION,
     )  # fmt: skip
     if not CAUSAL:
         acc, mass = _forward_one_stick(
             acc, mass, q, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
-            cos_base, sin_base, stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign,
+            cos_base, sin_base, stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT,
             gain, seq_len, scale, bias, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, HAS_MASK,
             BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
         )  # fmt: skip
@@ -502,9 +501,7 @@ def _backward_rows_one_stick(
     stride_kd,
     stride_vs,
     stride_vd,
-    partner,
-    pair,
-    sign,
+    HALF_LAYOUT: tl.constexpr,
     gain,
     seq_len,
     scale,
@@ -538,7 +535,7 @@ def _backward_rows_one_stick(
         tl.store(ckpt_g_base + kb * seq_len + rows, g_sum, mask=row_ok)
         cols, key_ok, pos_j, k, v = _load_keys(
             kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, partner, pair, sign, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
+            stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
             HAS_TABLES, HAS_GAIN, BIAS_FN,
         )  # fmt: skip
         _allowed, sp, a, _beta = _stick_tile(
@@ -561,7 +558,7 @@ def _backward_rows_one_stick(
             kb = pid_m + step
         cols, key_ok, pos_j, k, v = _load_keys(
             kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, partner, pair, sign, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
+            stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
             HAS_TABLES, HAS_GAIN, BIAS_FN,
         )  # fmt: skip
         allowed, sp, a, beta = _stick_tile(
@@ -641,11 +638,10 @@ def _stick_bwd_rows_kernel(
     rows = pid_m * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
-    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_LAYOUT)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
     pos_i = _row_positions(pos_base, rows, row_ok, BLOCK, BIAS_FN)
     q = _load_rotated(
-        q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, partner, pair, sign,
+        q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
         gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(q_ptr.dtype.element_ty)  # fmt: skip
     do_ptrs = do_base + rows[:, None] * stride_dos
@@ -667,7 +663,7 @@ def _stick_bwd_rows_kernel(
         dq, q, do, delta, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
         cos_base, sin_base, ckpt_sp_ptr + bh * sides * ckpt_stride,
         ckpt_g_ptr + bh * sides * ckpt_stride, total_ptr + bh * sides * seq_len,
-        stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, gain, seq_len, scale,
+        stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale,
         bias, HEAD_DIM, BLOCK, True, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
         DOT_PRECISION,
     )  # fmt: skip
@@ -676,13 +672,12 @@ def _stick_bwd_rows_kernel(
             dq, q, do, delta, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
             cos_base, sin_base, ckpt_sp_ptr + (bh * 2 + 1) * ckpt_stride,
             ckpt_g_ptr + (bh * 2 + 1) * ckpt_stride, total_ptr + (bh * 2 + 1) * seq_len,
-            stride_ks, stride_kd, stride_vs, stride_vd, partner, pair, sign, gain, seq_len,
+            stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len,
             scale, bias, HEAD_DIM, BLOCK, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
             DOT_PRECISION,
         )  # fmt: skip
     _store_unrotated(
-        dq_ptr + bh * seq_len * HEAD_DIM, rows, row_ok, dq * scale, cos_base, sin_base, pair,
-        sign, gain, BLOCK, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
+        dq_ptr + bh * seq_len * HEAD_DIM, rows, row_ok, dq * scale, cos_base, sin_base, gain, BLOCK, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
     )  # fmt: skip
 
 
@@ -715,9 +710,7 @@ def _backward_cols_one_stick(
     stride_qd,
     stride_dos,
     stride_dod,
-    partner,
-    pair,
-    sign,
+    HALF_LAYOUT: tl.constexpr,
     gain,
     seq_len,
     scale,
@@ -750,7 +743,7 @@ def _backward_cols_one_stick(
         row_ok = rows < seq_len
         pos_i = _row_positions(pos_base, rows, row_ok, BLOCK, BIAS_FN)
         q = _load_rotated(
-            q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, partner, pair, sign,
+            q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
             gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
         ).to(k.dtype)  # fmt: skip
         do = tl.load(
@@ -845,11 +838,10 @@ def _stick_bwd_cols_kernel(
     )  # fmt: skip
     num_kb = tl.cdiv(seq_len, BLOCK)
     d = tl.arange(0, HEAD_DIM)
-    partner, pair, sign = _rope_layout(HEAD_DIM, HALF_LAYOUT)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
     cols, key_ok, pos_j, k, v = _load_keys(
         pid_n, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-        stride_vs, stride_vd, partner, pair, sign, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
+        stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
         HAS_TABLES, HAS_GAIN, BIAS_FN,
     )  # fmt: skip
     col_in = cols < seq_len
@@ -866,7 +858,7 @@ def _stick_bwd_cols_kernel(
         dk, dv, dbias, k, v, cols, key_ok, pos_j, pid_n, q_base, do_base, pos_base, cos_base,
         sin_base, delta_ptr + bh * seq_len, ckpt_sp_ptr + bh * sides * ckpt_stride,
         ckpt_g_ptr + bh * sides * ckpt_stride, total_ptr + bh * sides * seq_len,
-        stride_qs, stride_qd, stride_dos, stride_dod, partner, pair, sign, gain, seq_len, scale,
+        stride_qs, stride_qd, stride_dos, stride_dod, HALF_LAYOUT, gain, seq_len, scale,
         bias, HEAD_DIM, BLOCK, True, CAUSAL, BIAS_FN, BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN,
         DOT_PRECISION,
     )  # fmt: skip
@@ -876,7 +868,7 @@ def _stick_bwd_cols_kernel(
             cos_base, sin_base, delta_ptr + bh * seq_len,
             ckpt_sp_ptr + (bh * 2 + 1) * ckpt_stride, ckpt_g_ptr + (bh * 2 + 1) * ckpt_stride,
             total_ptr + (bh * 2 + 1) * seq_len, stride_qs, stride_qd, stride_dos, stride_dod,
-            partner, pair, sign, gain, seq_len, scale, bias, HEAD_DIM, BLOCK, False, CAUSAL,
+            HALF_LAYOUT, gain, seq_len, scale, bias, HEAD_DIM, BLOCK, False, CAUSAL,
             BIAS_FN, BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
         )  # fmt: skip
 
@@ -890,8 +882,7 @@ def _stick_bwd_cols_kernel(
     dv += (1.0 - mass_own)[:, None] * do_own
 
     _store_unrotated(
-        dk_ptr + bh * seq_len * HEAD_DIM, cols, col_in, dk * scale, cos_base, sin_base, pair,
-        sign, gain, BLOCK, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
+        dk_ptr + bh * seq_len * HEAD_DIM, cols, col_in, dk * scale, cos_base, sin_base, gain, BLOCK, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
     )  # fmt: skip
     dv_ptrs = dv_ptr + bh * seq_len * HEAD_DIM + cols[:, None] * HEAD_DIM + d[None, :]
     tl.store(dv_ptrs, dv, mask=col_in[:, None])
@@ -908,33 +899,88 @@ def _stick_bwd_cols_kernel(
 class StickConfig:
     """Tile sizes and launch options of the stick-breaking kernels."""
 
-    def __init__(self, block_m: int, block_n: int, block_bwd: int, num_warps: int, bwd_warps: int):
+    def __init__(
+        self,
+        block_m: int,
+        block_n: int,
+        block_bwd: int,
+        num_warps: int,
+        bwd_warps: int,
+        num_stages: int = 1,
+        bwd_stages: int = 1,
+    ):
         self.block_m = block_m
         self.block_n = block_n
         self.block_bwd = block_bwd
         self.num_warps = num_warps
         self.bwd_warps = bwd_warps
+        self.num_stages = num_stages
+        self.bwd_stages = bwd_stages
 
     def __repr__(self) -> str:
         return (
             f"StickConfig(block_m={self.block_m}, block_n={self.block_n}, "
-            f"block_bwd={self.block_bwd}, num_warps={self.num_warps}, bwd_warps={self.bwd_warps})"
+            f"block_bwd={self.block_bwd}, num_warps={self.num_warps}, bwd_warps={self.bwd_warps}, "
+            f"num_stages={self.num_stages}, bwd_stages={self.bwd_stages})"
         )
 
 
-def pick_config(head_dim: int, device: torch.device, block: int | None = None) -> StickConfig:
+def _tile_bytes(block: int, head_dim: int, dtype: torch.dtype, tables: bool) -> int:
+    """Bytes one pipelining stage of a loop holds: the two ``[block, head_dim]`` tiles the loop
+    loads (k and v, or q and dO) and, with tables, ``cos`` and ``sin`` ``[block, head_dim/2]``
+    in float32."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return block * (2 * head_dim * size + (4 * head_dim if tables else 0))
+
+
+def _fit_stages(limit: int, block: int, head_dim: int, dtype: torch.dtype, tables: bool) -> int:
+    """The most pipelining stages (at most 3, at least 1; 0 if even 1 does not fit) whose
+    shared memory fits in ``limit`` bytes.
+
+    With triton 3.9 the kernels need about ``stages + 1/2`` stage tiles (the extra half holds the
+    dot operands made in registers, such as the rotated k); ``python -m course_lib.gpu_report``
+    checks the compiled figures for sm_90 and sm_80.
+    """
+    tile = _tile_bytes(block, head_dim, dtype, tables)
+    for stages in (3, 2, 1):
+        if (2 * stages + 1) * tile <= 2 * limit:
+            return stages
+    return 0
+
+
+def pick_config(
+    head_dim: int,
+    device: torch.device,
+    block: int | None = None,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    tables: bool = False,
+) -> StickConfig:
     """Tiles for ``head_dim`` on ``device``; ``block`` (a power of two >= 16) forces all of them.
 
-    64x64 tiles on the GPU and in the interpreter (where fewer, larger tiles run fastest).
+    64x64 tiles in the interpreter (where fewer, larger tiles run fastest). On a GPU: 64x64
+    tiles, halved until one pipelining stage fits in the GPU's shared memory per block (for
+    ``dtype`` and with or without q/k ``tables``), and as many stages (up to 3) as fit. A
+    ``block`` that cannot fit is refused with a ValueError.
     """
     if block is not None:
         if not isinstance(block, int) or block < 16 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 16, got {block!r}")
-        return StickConfig(block, block, block, 4, 4)
-    if device.type != "cuda":
-        return StickConfig(64, 64, 64, 4, 4)
-    wide = head_dim >= 128
-    return StickConfig(64, 64, 64, 8 if wide else 4, 8 if head_dim >= 64 else 4)
+    limit = smem_per_block(device)
+    if limit == 0:  # the interpreter
+        size = block or 64
+        return StickConfig(size, size, size, 4, 4)
+    warps = 8 if head_dim >= 128 else 4
+    bwd_warps = 8 if head_dim >= 64 else 4
+    for size in (block,) if block is not None else (64, 32, 16):
+        stages = _fit_stages(limit, size, head_dim, dtype, tables)
+        if stages:
+            return StickConfig(size, size, size, warps, bwd_warps, stages, stages)
+    raise ValueError(
+        f"stick-breaking tiles of {block or 16} rows at head_dim {head_dim} ({dtype}"
+        f"{', with tables' if tables else ''}) need more shared memory than the GPU's "
+        f"{limit // 1024} KiB per block; use a smaller block"
+    )
 
 
 def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) -> dict:
@@ -980,17 +1026,18 @@ def stick_breaking_forward(
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
     a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
-    cfg = pick_config(head_dim, q.device, block)
+    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     mass = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
-    _stick_fwd_kernel[grid](
+    run_launch(Launch("forward", _stick_fwd_kernel, grid, (
         q, k, v, out, mass, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
         *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
         heads, seq, float(scale),
+    ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        **_switches(a, head_dim, causal, q.dtype),
-    )  # fmt: skip
+        num_stages=cfg.num_stages, **_switches(a, head_dim, causal, q.dtype),
+    )))  # fmt: skip
     return out, mass
 
 
@@ -1026,7 +1073,7 @@ def stick_breaking_backward(
     if bias_grad and (a.hook is None or a.hook.grad is None):
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     grad_out = grad_out.to(q.dtype)
-    cfg = pick_config(head_dim, q.device, block)
+    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables)
     block = cfg.block_bwd
     num_blocks = triton.cdiv(seq, block)
     sides = 1 if causal else 2
@@ -1044,15 +1091,18 @@ def stick_breaking_backward(
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     tables = (positions, a.mask, a.cos, a.sin, a.gain, a.bias_params)
     grid = (num_blocks, batch * heads)
-    _stick_bwd_rows_kernel[grid](
+    run_launch(Launch("bwd_rows", _stick_bwd_rows_kernel, grid, (
         q, k, v, grad_out, dq, delta, total, ckpt_sp, ckpt_g, *tables, *strides,
-        heads, seq, float(scale), BLOCK=block, num_warps=cfg.bwd_warps, **switches,
-    )  # fmt: skip
-    _stick_bwd_cols_kernel[grid](
+        heads, seq, float(scale),
+    ), dict(
+        BLOCK=block, num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages, **switches,
+    )))  # fmt: skip
+    run_launch(Launch("bwd_cols", _stick_bwd_cols_kernel, grid, (
         q, k, v, grad_out, dk, dv, partials, mass, delta, total, ckpt_sp, ckpt_g, *tables,
-        *strides, heads, seq, float(scale), BLOCK=block,
-        BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
-        num_warps=cfg.bwd_warps, **switches,
-    )  # fmt: skip
+        *strides, heads, seq, float(scale),
+    ), dict(
+        BLOCK=block, BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
+        num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages, **switches,
+    )))  # fmt: skip
     dparams = a.hook.reduce_grad(partials, batch, heads) if bias_grad else None
     return dq, dk, dv, dparams
