@@ -6,7 +6,8 @@
   steps; a checkpoint (model, optimiser, step, RNG states, curves so far) every
   ``checkpoint_every`` steps. Called again with the same checkpoint path after an interruption, it
   resumes from the last checkpoint, mid-run too, and ends with exactly the result of a run that
-  was never interrupted.
+  was never interrupted. With ``data_parallel`` (a :class:`course_lib.distributed.Processes`,
+  started by ``torchrun``) the processes train the model together on shards of each batch.
 * :func:`probe_finetune`: the probe protocol (seeded fine-tune of a copy of the model on probe
   examples, then the accuracy of the answer on held-out examples), see its docstring.
 
@@ -26,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.data import ProbeBatch, clm_batch, mlm_batch
+from course_lib.data import IGNORE_INDEX, ProbeBatch, clm_batch, mlm_batch
+from course_lib.distributed import Processes, step_seed
 from course_lib.evaluate import (
     AUTOCAST_DTYPES,
     autocast,
@@ -192,7 +194,8 @@ class TrainState:
 
     ``train_curve`` / ``val_curve``: ``{"step": [...], "loss": [...]}`` (the train curve holds the
     mean loss of each ``log_every`` steps, labelled by the last of them); ``train_seconds``: time
-    spent in training steps (summed over resumed segments); ``finished``: whether all steps ran.
+    spent in training steps (summed over resumed segments); ``finished``: whether all steps ran;
+    ``processes``: how many processes trained each segment (1 without ``torchrun``).
     """
 
     step: int = 0
@@ -203,6 +206,7 @@ class TrainState:
     finished: bool = False
     pending_loss_sum: float = 0.0  # losses of steps not yet logged (log_every > 1)
     pending_count: int = 0
+    processes: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -280,6 +284,7 @@ def train_model(
     stop_after_steps: int | None = None,
     progress: bool = True,
     desc: str = "train",
+    data_parallel: Processes | None = None,
 ) -> TrainState:
     """Train ``model`` in place for ``config.steps`` steps on ``config.objective`` batches.
 
@@ -294,28 +299,53 @@ def train_model(
     ``finished=False``). After a crash or Ctrl-C the run resumes from the last checkpoint written.
     The resumed run is bit-identical to an uninterrupted one on the same device (RNG states, data
     order and the not-yet-logged losses are restored).
+
+    With ``data_parallel`` (every process of a ``torchrun`` launch calls this with the same
+    arguments and its own :class:`~course_lib.distributed.Processes`): each step every process
+    draws the whole batch ``[B, L]`` from the same generator, so the generator's state is that
+    of one process, and trains on its shard of ``B / N`` rows (:meth:`Processes.shard`) inside
+    ``DistributedDataParallel``. The loss each process differentiates is
+    ``N * sum(cross-entropy over its labelled tokens) / (labelled tokens in the whole batch)``;
+    DDP averages the gradients over the ``N`` processes, so the gradient is that of the mean
+    loss over the global batch (exactly, up to the order of float sums), also for ``mlm`` where
+    the rows hold different numbers of masked tokens. The logged loss is that global mean.
+    Dropout draws come from ``torch.manual_seed(step_seed(seed, step, rank))``. Only rank 0
+    reads the checkpoint (and sends it to the others), validates and writes checkpoints; the
+    other ranks' ``val_curve`` stays empty. A checkpoint does not depend on the number of
+    processes that wrote it, so a run resumes with any number, one included.
     """
     device = model_device(model)
+    main = data_parallel is None or data_parallel.is_main
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = make_optimizer(model, config.learning_rate, config.weight_decay)
     state = TrainState()
     meta = dict(meta or {})
     checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
-    if checkpoint_path is not None and checkpoint_path.exists():
-        saved = load_checkpoint(checkpoint_path, map_location=device)
-        _check_meta(checkpoint_path, saved["meta"], meta)
+    if data_parallel is None:
+        saved = None
+        if checkpoint_path is not None and checkpoint_path.exists():
+            saved = load_checkpoint(checkpoint_path, map_location=device)
+            _check_meta(checkpoint_path, saved["meta"], meta)
+    else:
+        saved = data_parallel.from_main(lambda: _read_checkpoint(checkpoint_path, meta))
+    if saved is not None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         state = TrainState(**saved["state"])
-        _restore_rng_states(saved["rng"], generator)
+        if data_parallel is None:
+            _restore_rng_states(saved["rng"], generator)
+        else:  # the global RNG is seeded at every step (step_seed)
+            generator.set_state(saved["rng"]["batch_generator"])
     else:
         torch.manual_seed(config.seed)  # the global RNG drives dropout
     if state.finished:
         return state
     state.segments += 1
+    state.processes.append(1 if data_parallel is None else data_parallel.world_size)
+    trained = model if data_parallel is None else data_parallel.wrap(model)
 
     def checkpoint() -> None:
-        if checkpoint_path is not None:
+        if checkpoint_path is not None and main:
             save_checkpoint(checkpoint_path, model, optimizer, state, generator, meta)
 
     def validate() -> float:
@@ -334,7 +364,7 @@ def train_model(
     stop_at = config.steps if stop_after_steps is None else min(config.steps, stop_after_steps)
     model.train()
     running = torch.tensor(state.pending_loss_sum, device=device)
-    bar = _progress_bar(config.steps, state.step, desc, progress)
+    bar = _progress_bar(config.steps, state.step, desc, progress and main)
     timer = time.perf_counter()
     try:
         while state.step < stop_at:
@@ -349,11 +379,17 @@ def train_model(
             input_ids, labels = training_batch(
                 model.config.objective, train_tokens, config, generator
             )
-            input_ids, labels = input_ids.to(device), labels.to(device)
-            with autocast(device, config.autocast_dtype):
-                loss = model(input_ids, labels=labels).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if data_parallel is None:
+                input_ids, labels = input_ids.to(device), labels.to(device)
+                with autocast(device, config.autocast_dtype):
+                    loss = model(input_ids, labels=labels).loss
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+            else:
+                torch.manual_seed(step_seed(config.seed, state.step, data_parallel.rank))
+                loss = _data_parallel_backward(
+                    trained, data_parallel, input_ids, labels, optimizer, config.autocast_dtype
+                )
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             running += loss.detach().float()
@@ -374,7 +410,7 @@ def train_model(
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 state.train_seconds += time.perf_counter() - timer
-                if evaluate_now:
+                if evaluate_now and main:
                     state.val_curve["step"].append(state.step)
                     state.val_curve["loss"].append(validate())
                     model.train()
@@ -385,6 +421,43 @@ def train_model(
     finally:
         bar.close()
     return state
+
+
+def _read_checkpoint(path: Path | None, meta: dict) -> dict | None:
+    """The checkpoint at ``path`` on the CPU, checked against ``meta``; None if there is none."""
+    if path is None or not path.exists():
+        return None
+    saved = load_checkpoint(path, map_location="cpu")
+    _check_meta(path, saved["meta"], meta)
+    return saved
+
+
+def _data_parallel_backward(
+    trained: nn.Module,
+    processes: Processes,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    autocast_dtype: str | None,
+) -> torch.Tensor:
+    """Forward and backward of this rank's shard of the global batch ``(input_ids, labels)``
+    (both ``[B, L]``); returns the mean loss over the whole global batch (a 0-d tensor).
+
+    ``share = sum of this shard's cross-entropies / labelled tokens of the global batch``; the
+    backward runs on ``N * share`` (``N`` processes), and DDP's mean over the ranks makes the
+    gradient that of ``sum over ranks of share`` = the global mean loss."""
+    device = processes.device
+    global_count = int((labels != IGNORE_INDEX).sum())  # every rank holds the whole batch
+    input_ids = processes.shard(input_ids).to(device)
+    labels = processes.shard(labels).to(device)
+    with autocast(device, autocast_dtype):
+        logits = trained(input_ids).logits
+    share = F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    ) / max(global_count, 1)
+    optimizer.zero_grad(set_to_none=True)
+    (share * processes.world_size).backward()
+    return processes.sum_(share.detach().clone())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,11 @@ saves one JSON file per run and draws the figures. One idea per module:
   each encoding's ``color`` in the registry;
 - :mod:`~course_lib.compare.cli`: :func:`main`, the command line (``__main__`` runs it).
 
+Under ``torchrun`` (``torchrun --nproc_per_node N -m course_lib.compare ...``) the comparison
+uses N processes (:mod:`course_lib.distributed`): ``--parallel data`` (default) trains each run
+with all of them, ``--parallel runs`` gives each process whole runs. Without ``torchrun`` it is
+one process and creates no process group.
+
 The committed results of the ``cpu`` preset are in ``figures/compare_cpu/``.
 """
 

@@ -4,11 +4,18 @@
 commas (``--encodings rope,rse``); encodings are checked against
 :data:`course_lib.encodings.REGISTRY` and an unknown name exits with the list of valid ones.
 Run it again after an interruption (or after ``--stop-after-steps``) and it resumes.
+
+Launched by ``torchrun`` with several processes (``torchrun --nproc_per_node N -m
+course_lib.compare ...``), it creates a process group (:mod:`course_lib.distributed`) and
+``--parallel`` chooses how the processes share the work: ``data`` (default) trains each run with
+all of them (DistributedDataParallel), ``runs`` gives each process whole runs. Without
+``torchrun`` no process group is created and the command runs as one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,8 +23,16 @@ from pathlib import Path
 from course_lib.compare.presets import PRESETS, choose_preset
 from course_lib.compare.results import default_out_dir, summary_markdown
 from course_lib.compare.runner import run_comparison
-from course_lib.encodings import REGISTRY
+from course_lib.distributed import (
+    DEFAULT_TIMEOUT_SECONDS,
+    MODES,
+    Processes,
+    launched,
+    start,
+    stop,
+)
 from course_lib.model import OBJECTIVES
+from course_lib.registry import sequence_encodings
 
 __all__ = ["main"]
 
@@ -75,11 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--encodings",
         nargs="+",
-        type=_names("encoding", tuple(REGISTRY)),
+        type=_names("encoding", sequence_encodings()),
         action=_Flatten,
         metavar="NAME",
-        help="encodings to run, space- or comma-separated (default: every registered one: "
-        f"{', '.join(REGISTRY)})",
+        help="encodings to run, space- or comma-separated (default: every registered sequence "
+        f"encoding: {', '.join(sequence_encodings())})",
     )
     parser.add_argument(
         "--objectives",
@@ -99,27 +114,83 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="stop each run's training after this many steps, keeping the checkpoint "
         "(simulates an interruption; run again without it to resume)",
     )
+    parser.add_argument(
+        "--parallel",
+        choices=MODES,
+        help="under torchrun with several processes: 'data' (default) trains each run with all "
+        "processes (DistributedDataParallel), 'runs' gives each process whole runs",
+    )
+    parser.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="under torchrun: how long a process waits for the others before the run fails "
+        f"(default {DEFAULT_TIMEOUT_SECONDS:.0f}); it must exceed rank 0's evaluation of a run "
+        "('data') or the time between the first and the last process finishing ('runs')",
+    )
     args = parser.parse_args(argv)
     try:
         preset = choose_preset(args.preset)
     except ValueError as error:
         parser.error(str(error))
+    if args.dist_timeout <= 0:
+        parser.error(f"--dist-timeout must be > 0, got {args.dist_timeout}")
+    processes = None
+    if launched():
+        processes = start(preset.device, args.parallel or "data", args.dist_timeout)
+    elif args.parallel is not None:
+        print(
+            f"--parallel {args.parallel}: one process (not launched by torchrun with several), "
+            "so every run is made by this process",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
-    results = run_comparison(
-        preset,
-        encodings=args.encodings,
-        objectives=args.objectives,
-        out_dir=args.out_dir,
-        checkpoint_dir=args.checkpoint_dir,
-        force=args.force,
-        progress=not args.no_progress,
-        figures=not args.no_figures,
-        threads=args.threads,
-        stop_after_steps=args.stop_after_steps,
-    )
+    try:
+        results = run_comparison(
+            preset,
+            encodings=args.encodings,
+            objectives=args.objectives,
+            out_dir=args.out_dir,
+            checkpoint_dir=args.checkpoint_dir,
+            force=args.force,
+            progress=not args.no_progress,
+            figures=not args.no_figures,
+            threads=args.threads,
+            stop_after_steps=args.stop_after_steps,
+            processes=processes,
+        )
+    except Exception as error:
+        if processes is not None:
+            print(_failure_message(processes, error), file=sys.stderr, flush=True)
+        raise
+    stop(processes)
+    if processes is not None and not processes.is_main:
+        return 0
     elapsed = time.perf_counter() - started
     out_dir = args.out_dir or default_out_dir(preset.name)
     print(f"{len(results)} finished run(s) in {out_dir} ({elapsed / 60:.1f} min this call)")
     if results:
         print(summary_markdown(results))
     return 0
+
+
+def _failure_message(processes: Processes, error: Exception) -> str:
+    """What a process prints when the comparison fails under torchrun: which rank, the error,
+    and (for an error of the communication, a RuntimeError) what usually causes it."""
+    text = str(error).strip()
+    lines = [
+        f"comparison failed on {processes.describe()}: {type(error).__name__}: "
+        f"{text.splitlines()[0] if text else ''}"
+    ]
+    if isinstance(error, RuntimeError):
+        lines.append(
+            "If another process died or was killed, this one lost its connection to it "
+            "(torchrun's report names the process that failed first); a process that waits more "
+            f"than --dist-timeout ({processes.timeout_seconds:g} s) for the others fails the "
+            "same way."
+        )
+    lines.append(
+        "Finished runs and the last checkpoint are kept: run the same command again to resume."
+    )
+    return "\n".join(lines)

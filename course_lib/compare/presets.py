@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from course_lib.data import VOCAB_SIZE, ProbeBatch, retrieval_probe, word_order_probe
-from course_lib.encodings import REGISTRY
 from course_lib.model import OBJECTIVES, BertConfig
+from course_lib.registry import sequence_encodings
 from course_lib.train import ProbeConfig, TrainConfig
 
 __all__ = ["FORMAT_VERSION", "OBJECTIVES", "PRESETS", "Preset", "ProbeSpec", "choose_preset"]
@@ -124,9 +124,10 @@ class Preset:
 
     def encoding_names(self) -> tuple[str, ...]:
         """The encodings a comparison of this preset trains: ``encodings``, or, when it is None,
-        every encoding in :data:`course_lib.encodings.REGISTRY` at the time of the call (so an
-        encoding registered later is included), in the registry's order."""
-        return tuple(REGISTRY) if self.encodings is None else tuple(self.encodings)
+        every sequence encoding in :data:`course_lib.encodings.REGISTRY` at the time of the call
+        (so an encoding registered later is included; the 2-D ones place image patches), in the
+        registry's order."""
+        return sequence_encodings() if self.encodings is None else tuple(self.encodings)
 
     def train_config(self, objective: str) -> TrainConfig:
         """The training budget of ``objective``'s runs (the same for every encoding)."""
@@ -151,11 +152,18 @@ class Preset:
 
     def identity(self, encoding: str, objective: str) -> dict:
         """What must match for a saved checkpoint or result to count as this run (JSON types:
-        tuples become lists, so it compares equal to what a results file holds)."""
+        tuples become lists, so it compares equal to what a results file holds). Model options
+        left at None (``encoding_options``) are not part of it, so runs saved before such an
+        option existed keep their identity."""
+        model_config = {
+            k: v
+            for k, v in self.model_config(encoding, objective).to_dict().items()
+            if v is not None
+        }
         identity = {
             "format_version": FORMAT_VERSION,
             "preset": self.name,
-            "model_config": self.model_config(encoding, objective).to_dict(),
+            "model_config": model_config,
             "train_config": asdict(self.train_config(objective)),
             "probes": [asdict(p) for p in self.probes],
             "length_multiples": list(self.length_multiples),

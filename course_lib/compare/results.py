@@ -40,14 +40,20 @@ def run_name(objective: str, encoding: str) -> str:
 
 def hardware_label(hardware: dict) -> str:
     """One line saying where a run ran, from the dict of
-    :func:`course_lib.compare.runner.hardware_description`."""
+    :func:`course_lib.compare.runner.hardware_description` (with the number of processes when
+    there were several)."""
     if hardware["kind"] == "GPU":
-        return f"GPU: {hardware['gpu']}"
-    threads = hardware["torch_threads"]
-    return (
-        f"CPU: {hardware['cpu']} ({hardware['logical_cpus']} logical cores, "
-        f"{threads} torch thread{'s' if threads != 1 else ''})"
-    )
+        label = f"GPU: {hardware['gpu']}"
+    else:
+        threads = hardware["torch_threads"]
+        label = (
+            f"CPU: {hardware['cpu']} ({hardware['logical_cpus']} logical cores, "
+            f"{threads} torch thread{'s' if threads != 1 else ''})"
+        )
+    if hardware.get("processes", 1) > 1:
+        how = "data parallel" if hardware["parallel_mode"] == "data" else "one run each"
+        label += f", {hardware['processes']} processes ({how}, {hardware['process_backend']})"
+    return label
 
 
 def load_results(out_dir: str | Path) -> list[dict]:

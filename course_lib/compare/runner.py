@@ -18,6 +18,11 @@ optimiser, step, RNG states; the default checkpoint folder ignores itself in git
 comparison resumes where it stopped, mid-run too; a finished run is skipped unless ``force=True``.
 :func:`run_comparison` makes every run of a preset, then writes the figures
 (:mod:`course_lib.compare.figures`) and ``summary.md`` into ``out_dir``.
+
+Both take ``processes`` (:class:`course_lib.distributed.Processes`, from ``torchrun``; None by
+default: one process, no process group). In ``"data"`` mode every run is trained by all the
+processes together and rank 0 alone evaluates and writes; in ``"runs"`` mode each process makes
+whole runs. :mod:`course_lib.distributed` describes both.
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ from course_lib.compare.results import (
     summary_markdown,
 )
 from course_lib.data import ProbeBatch, corpus_source, train_val_split, unigram_entropy
+from course_lib.distributed import Processes, tensor_fingerprint
 from course_lib.encodings import get_encoding
 from course_lib.evaluate import extrapolation_losses, peak_memory
 from course_lib.model import OBJECTIVES, MiniBert
-from course_lib.train import probe_finetune, train_model
+from course_lib.train import TrainState, probe_finetune, train_model
 
 __all__ = [
     "hardware_description",
@@ -66,8 +72,10 @@ def _cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def hardware_description(device: str | torch.device) -> dict:
-    """Where a run ran: kind (CPU/GPU), model name, core and thread counts, software versions."""
+def hardware_description(device: str | torch.device, processes: Processes | None = None) -> dict:
+    """Where a run ran: kind (CPU/GPU), model name, core and thread counts (threads per process),
+    software versions; with ``processes``, also how many processes ran and how (``processes``,
+    ``parallel_mode``, ``process_backend``; absent for one process)."""
     device = torch.device(device)
     info = {
         "kind": "GPU" if device.type == "cuda" else "CPU",
@@ -83,6 +91,10 @@ def hardware_description(device: str | torch.device) -> dict:
         info["name"] = info["gpu"]
     else:
         info["name"] = info["cpu"]
+    if processes is not None:
+        info["processes"] = processes.world_size
+        info["parallel_mode"] = processes.mode
+        info["process_backend"] = processes.backend
     return info
 
 
@@ -146,6 +158,7 @@ def run_one(
     stop_after_steps: int | None = None,
     threads: int | None = None,
     data: _Data | None = None,
+    processes: Processes | None = None,
 ) -> dict | None:
     """Train and evaluate one (encoding, objective) run; return its results dict.
 
@@ -156,6 +169,14 @@ def run_one(
     returned; call again without it to finish. On CPU the run uses ``threads`` (default: the
     preset's ``cpu_threads``) torch threads, restored afterwards: the thread count changes the
     order of floating-point sums, so a resumed run must use the same count to match exactly.
+
+    With ``processes`` in ``"data"`` mode, every process calls this with the same arguments:
+    rank 0 decides (reuse, refuse or train) and reads and writes the files; all of them train
+    (:func:`course_lib.train.train_model` with ``data_parallel``); rank 0 evaluates while the
+    others wait; every rank returns rank 0's result. The results file then records the number of
+    processes (``hardware``) and of each training segment (``metrics.training_processes``). In
+    ``"runs"`` mode this process makes the run alone, as without ``processes``; its
+    ``hardware`` record says how many processes shared the machine(s).
     """
     get_encoding(encoding)  # validates the name: a ValueError lists the registered ones
     _check_objective(objective)
@@ -166,26 +187,35 @@ def run_one(
     result_path = out_dir / f"{name}.json"
     checkpoint_path = checkpoint_dir / f"{name}.pt"
     identity = preset.identity(encoding, objective)
+    team = processes if processes is not None and processes.mode == "data" else None
 
-    if force:
-        result_path.unlink(missing_ok=True)
-        checkpoint_path.unlink(missing_ok=True)
-    if result_path.exists():
-        saved = json.loads(result_path.read_text(encoding="utf-8"))
-        if saved.get("identity") != identity:
-            raise ValueError(
-                f"{result_path} was computed with a different configuration than preset "
-                f"{preset.name!r}; recompute it with force=True (--force) or use another out_dir"
-            )
+    def saved_result() -> dict | None:
+        if force:
+            result_path.unlink(missing_ok=True)
+            checkpoint_path.unlink(missing_ok=True)
+        if result_path.exists():
+            saved = json.loads(result_path.read_text(encoding="utf-8"))
+            if saved.get("identity") != identity:
+                raise ValueError(
+                    f"{result_path} was computed with a different configuration than preset "
+                    f"{preset.name!r}; recompute it with force=True (--force) or use another "
+                    "out_dir"
+                )
+            return saved
+        _prepare_checkpoint_dir(checkpoint_dir)
+        return None
+
+    saved = saved_result() if team is None else team.from_main(saved_result)
+    if saved is not None:
         return saved
-
-    _prepare_checkpoint_dir(checkpoint_dir)
     data = data or _Data()
+    if team is not None:
+        team.check_same("the training text", tensor_fingerprint(data.train))
     threads = threads if threads is not None else preset.cpu_threads
     with _torch_threads(threads if preset.device == "cpu" else None):
         return _train_and_evaluate(
             encoding, objective, preset, identity, data, result_path, checkpoint_path,
-            progress, stop_after_steps,
+            progress, stop_after_steps, processes,
         )  # fmt: skip
 
 
@@ -213,9 +243,11 @@ def _train_and_evaluate(
     checkpoint_path: Path,
     progress: bool,
     stop_after_steps: int | None,
+    processes: Processes | None = None,
 ) -> dict | None:
     name = run_name(objective, encoding)
-    device = torch.device(preset.device)
+    team = processes if processes is not None and processes.mode == "data" else None
+    device = torch.device(preset.device) if team is None else team.device
     started = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -232,10 +264,37 @@ def _train_and_evaluate(
         stop_after_steps=stop_after_steps,
         progress=progress,
         desc=f"{name} train",
+        data_parallel=team,
     )
     if not state.finished:
         return None
 
+    def evaluate() -> dict:
+        return _evaluate_and_save(
+            model, state, device, encoding, objective, preset, identity, data, result_path,
+            progress, started, processes,
+        )  # fmt: skip
+
+    return evaluate() if team is None else team.from_main(evaluate)
+
+
+def _evaluate_and_save(
+    model: MiniBert,
+    state: TrainState,
+    device: torch.device,
+    encoding: str,
+    objective: str,
+    preset: Preset,
+    identity: dict,
+    data: _Data,
+    result_path: Path,
+    progress: bool,
+    started: float,
+    processes: Processes | None,
+) -> dict:
+    """Evaluate the trained ``model`` (extrapolation, probes, cost) and write its results file."""
+    name = run_name(objective, encoding)
+    train_config = preset.train_config(objective)
     extrapolation = extrapolation_losses(
         model,
         data.val,
@@ -278,7 +337,7 @@ def _train_and_evaluate(
         probes[spec.task] = entry
 
     probed = time.perf_counter()
-    hardware = hardware_description(device)
+    hardware = hardware_description(device, processes)
     tokens_trained = train_config.steps * train_config.batch_size * train_config.seq_len
     first = extrapolation[0]
     result = {
@@ -308,6 +367,11 @@ def _train_and_evaluate(
             "train_seconds": state.train_seconds,
             "tokens_per_second": tokens_trained / state.train_seconds,
             "training_segments": state.segments,
+            **(
+                {"training_processes": state.processes}
+                if any(n > 1 for n in state.processes)
+                else {}
+            ),
             "probe_seconds": probed - evaluated,
             "wall_seconds_this_segment": probed - started,
             "cpu_load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -317,11 +381,16 @@ def _train_and_evaluate(
         "extrapolation": extrapolation,
         "probes": probes,
     }
-    result_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = result_path.with_name(result_path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, result_path)
+    _write_result(result_path, result)
     return result
+
+
+def _write_result(path: Path, result: dict) -> None:
+    """Write a results file atomically (a temporary file renamed over the old one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _pairs_both_right(correct: list[bool]) -> float:
@@ -355,6 +424,7 @@ def run_comparison(
     figures: bool = True,
     threads: int | None = None,
     stop_after_steps: int | None = None,
+    processes: Processes | None = None,
 ) -> list[dict]:
     """Every (objective, encoding) run of ``preset``; returns the results of the finished ones.
 
@@ -366,6 +436,13 @@ def run_comparison(
     every run of this preset saved there (:func:`preset_results`), so running one more encoding
     into a folder adds it to the figures instead of replacing them. ``threads`` overrides the
     preset's CPU thread count.
+
+    With ``processes`` (every process of a ``torchrun`` launch calls this with the same
+    arguments): in ``"data"`` mode the runs go in the same order, each trained by all processes
+    together (:func:`run_one`); in ``"runs"`` mode process ``r`` makes runs ``r, r + N, ...`` of
+    the list alone (each exactly as one process would), then waits for the others, and rank 0
+    writes any results file it does not see (machines without a shared folder). Only rank 0
+    draws the figures; every rank returns the results of all finished runs, in the list's order.
     """
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     encodings = tuple(encodings or preset.encoding_names())
@@ -377,10 +454,33 @@ def run_comparison(
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
     from tqdm.auto import tqdm
 
-    runs = [(o, e) for o in objectives for e in encodings]
+    if processes is not None and processes.mode == "data":
+        for objective in objectives:
+            batch = preset.train_config(objective).batch_size
+            if batch % processes.world_size:
+                raise ValueError(
+                    f"preset {preset.name!r} trains {objective} on batches of {batch} rows, which "
+                    f"{processes.world_size} processes cannot share evenly: start a number of "
+                    f"processes that divides {batch}, or use --parallel runs"
+                )
+    # a causal-only encoding (FoX, CoPE) has no masked-LM run: MiniBert's MLM is bidirectional
+    runs = [
+        (o, e)
+        for o in objectives
+        for e in encodings
+        if o == "clm" or not get_encoding(e).causal_only
+    ]
+    main = processes is None or processes.is_main
+    mine = runs
+    if processes is not None and processes.mode == "runs":
+        mine = runs[processes.rank :: processes.world_size]
     data: _Data | None = None
     results: list[dict] = []
-    bar = tqdm(runs, desc=f"{preset.name} comparison", **({} if progress else {"disable": True}))
+    show = progress and (main or (processes is not None and processes.mode == "runs"))
+    desc = f"{preset.name} comparison"
+    if processes is not None and processes.mode == "runs":
+        desc += f" (rank {processes.rank})"
+    bar = tqdm(mine, desc=desc, **({} if show else {"disable": True}))
     try:
         for objective, encoding in bar:
             bar.set_postfix(run=run_name(objective, encoding), refresh=True)
@@ -394,22 +494,47 @@ def run_comparison(
                 out_dir=out_dir,
                 checkpoint_dir=checkpoint_dir,
                 force=force,
-                progress=progress,
+                progress=show,
                 stop_after_steps=stop_after_steps,
                 threads=threads,
                 data=data,
+                processes=processes,
             )
             if result is not None:
                 results.append(result)
     finally:
         bar.close()
-    if figures and results and len(results) == len(runs):
+    if processes is not None and processes.mode == "runs":
+        results = _gather_runs(processes, runs, results, out_dir)
+    if main and figures and results and len(results) == len(runs):
         from course_lib.compare.figures import write_figures
 
         saved = preset_results(out_dir, preset)
         write_figures(saved, out_dir)
         (out_dir / "summary.md").write_text(summary_markdown(saved), encoding="utf-8")
     return results
+
+
+def _gather_runs(
+    processes: Processes, runs: list[tuple[str, str]], mine: list[dict], out_dir: Path
+) -> list[dict]:
+    """``"runs"`` mode: wait for every process to finish its runs (a barrier that names a rank
+    that does not arrive within the timeout), collect every rank's results in ``runs`` order,
+    and on rank 0 write the results files it does not see."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=processes.timeout_seconds)
+    dist.monitored_barrier(group=processes.objects, timeout=timeout, wait_all_ranks=True)
+    finished = {r["run"]: r for part in processes.all_gather(mine) for r in part}
+    ordered = [finished[run_name(o, e)] for o, e in runs if run_name(o, e) in finished]
+    if processes.is_main:
+        for result in ordered:
+            path = out_dir / f"{result['run']}.json"
+            if not path.exists():
+                _write_result(path, result)
+    return ordered
 
 
 def preset_results(out_dir: str | Path, preset: Preset | str) -> list[dict]:
