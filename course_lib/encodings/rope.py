@@ -26,6 +26,7 @@ __all__ = [
     "check_rope_scaling",
     "rope_angles",
     "apply_rope",
+    "rotate_pairs",
     "rope_half_permutation",
     "rope_transform",
     "rope_kernel_tables",
@@ -226,10 +227,11 @@ def _angles_for(
     return angles
 
 
-def _rotate_pairs(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
-) -> torch.Tensor:
-    """Rotate channel pairs: ``(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)``."""
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+    """Rotate channel pairs: ``(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)``.
+
+    ``x`` ``[..., head_dim]``; ``cos``, ``sin`` ``[..., head_dim/2]`` (one per pair, broadcast);
+    ``style`` picks the pairs: ``(2t, 2t+1)`` (interleaved) or ``(t, t + head_dim/2)`` (half)."""
     if style == "interleaved":
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
@@ -273,7 +275,7 @@ def apply_rope(
     cos, sin = angles.cos().to(dt), angles.sin().to(dt)
     if attention_factor != 1.0:
         cos, sin = cos * attention_factor, sin * attention_factor
-    return _rotate_pairs(x.to(dt), cos, sin, style).to(x.dtype)
+    return rotate_pairs(x.to(dt), cos, sin, style).to(x.dtype)
 
 
 def rope_half_permutation(head_dim: int) -> torch.Tensor:

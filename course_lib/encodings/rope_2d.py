@@ -20,6 +20,7 @@ import math
 import torch
 
 from course_lib.checks import check_choice
+from course_lib.encodings.rope import rotate_pairs
 from course_lib.kernel_hooks import PAIR_LAYOUTS, QKTables
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import Encoding, register
@@ -83,18 +84,6 @@ def rope_2d_angles(coords: torch.Tensor, head_dim: int, base: float = 100.0) -> 
     return torch.cat((c[..., 0:1] * theta, c[..., 1:2] * theta), dim=-1)
 
 
-def _rotate_pairs(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
-) -> torch.Tensor:
-    """``(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)`` for every pair of the layout."""
-    if style == "interleaved":
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
 def apply_rope_2d(
     x: torch.Tensor, coords: torch.Tensor, *, base: float = 100.0, style: str = "interleaved"
 ) -> torch.Tensor:
@@ -122,7 +111,7 @@ def apply_rope_2d(
         angles = angles.unsqueeze(1)  # [batch, 1, seq, D/2]: the same for every head
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     cos, sin = angles.cos().to(dt), angles.sin().to(dt)
-    return _rotate_pairs(x.to(dt), cos, sin, style).to(x.dtype)
+    return rotate_pairs(x.to(dt), cos, sin, style).to(x.dtype)
 
 
 # -- hooks of the registry record ----------------------------------------------------------------
