@@ -10,8 +10,8 @@ settings, workspaces, runtime, config and data folders in a temporary folder) se
   an untrusted notebook never renders), has a static figure in the code cell just above it;
 * ``test_restart_and_run_all``: Kernel > Restart Kernel and Run All, then: no error and no stderr
   output in any cell (widget outputs included), every explorer (an ``interact`` cell) renders as
-  widgets, moving each of its sliders and dropdowns changes the figure below it (screenshots of
-  every state are kept), and the files of ``notebooks/`` and ``figures/`` are unchanged.
+  widgets, moving each of its controls (sliders, dropdowns, text boxes) changes the figure below
+  it (screenshots of every state are kept), and the files of ``notebooks/`` and ``figures/`` are unchanged.
 
 The kernels run with a learner's environment: the test run's ``COURSE_OUTPUT_DIR``,
 ``COURSE_SOLUTIONS`` and ``TQDM_DISABLE`` are removed, so exercise cells check the learner's
@@ -480,7 +480,8 @@ def output_problems(cells: list[dict]) -> list[str]:
 
 
 def move_control(page, control) -> str:
-    """Move one slider (drag its handle) or dropdown (pick another option); returns its label."""
+    """Move one slider (drag its handle), dropdown (pick another option), text box (type more)
+    or checkbox (toggle it); returns its label."""
     label_node = control.locator(".widget-label")
     label = label_node.first.inner_text().strip() if label_node.count() else ""
     select = control.locator("select")
@@ -514,9 +515,19 @@ def move_control(page, control) -> str:
         except Exception as error:
             raise AssertionError(f"dragging slider {label!r} did not move it") from error
         return label or "slider"
+    text = control.locator("input[type=text], textarea")
+    if text.count():
+        before = text.first.input_value()
+        text.first.fill(f"{before} and then some more words")  # one edit: one new value
+        text.first.press("Enter")
+        return label or "text"
+    checkbox = control.locator("input[type=checkbox]")
+    if checkbox.count():
+        checkbox.first.click()
+        return label or "checkbox"
     raise AssertionError(
-        f"explorer control {label!r} is neither a slider nor a dropdown, which this test moves: "
-        f"classes {control.get_attribute('class')!r}"
+        f"explorer control {label!r} is not a slider, dropdown, text box or checkbox, which this "
+        f"test moves: classes {control.get_attribute('class')!r}"
     )
 
 
