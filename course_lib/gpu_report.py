@@ -1,0 +1,401 @@
+"""GPU readiness of the fused kernels without a GPU: compile, fit, tensor cores, a static model.
+
+``python -m course_lib.gpu_report`` compiles, ahead of time, every launch the kernel wrappers
+(``kernels/flash.py``, ``kernels/stick_breaking.py``) issue for the benchmark shape (seq 8192,
+batch 2, heads 2048 / head_dim, projections viewed as ``[batch, heads, seq, head_dim]``) for an
+H100 (sm_90) and an A100 (sm_80), and prints, per compiled kernel: tiles, warps, stages,
+registers, spill bytes, shared memory against the per-block limit, how its dots are lowered
+(wgmma / mma.sync / FMA) and an occupancy estimate; then, from the sm_90 machine code, the
+static cost per (query, key) pair of each family's inner loops as a ratio against recorded
+anchors (:mod:`course_lib.gpu_static.model`). It writes ``figures/gpu_report.json`` and
+``figures/gpu_report.png``.
+
+The launches are not rebuilt here: each comes from running the wrappers themselves on ``meta``
+tensors (:mod:`course_lib.gpu_static.variants`), so the report follows every change of their
+configuration or argument lists.
+
+Default: bf16, fp16 and fp32, head_dim 16-128, causal and bidirectional, for the feature sets of
+:func:`course_lib.gpu_static.variants.feature_sets` (``--full`` adds more; ``--quick`` is bf16 at
+head_dim 64 and 128). Exit status 1 if a launch fails to compile, needs more shared memory than
+its target allows per block, has a 16-bit dot off the tensor cores, or (``--fail-on-spill N``)
+spills more than N bytes per thread. No kernel is run: the cost figures are a static model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from course_lib.gpu_static import aot, model, sass, targets, variants
+
+__all__ = ["main", "run_report"]
+
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
+SPILL_NOTE = 64  # spill bytes per thread above which a kernel is listed in the summary
+
+
+def _variant_list(args) -> list[variants.Variant]:
+    feats = {fam: variants.feature_sets(args.full, fam) for fam in args.families}
+    if args.ci:  # plain, and the heaviest combination of each hook
+        feats = {fam: [f for f in fs if f.hook or f.tables is None] for fam, fs in feats.items()}
+    out = []
+    for arch in args.archs:
+        for dtype in args.dtypes:
+            for d in args.dims:
+                for causal in (True, False):
+                    for family in args.families:
+                        for f in feats[family]:
+                            if args.ci and not causal and f.hook is not None:
+                                continue  # --ci: bidirectional for plain only
+                            out.append(variants.Variant(family, f, causal, d, dtype, arch))
+    if args.filter:
+        out = [v for v in out if re.search(args.filter, v.name)]
+    return out
+
+
+def _compile_job(job: tuple) -> dict:
+    """Worker: plan the variant again, compile its launch ``index``, analyse the loops."""
+    v, index, with_loops = job
+    t0 = time.time()
+    launch = variants.plan(v)[index]
+    row = {}
+    try:
+        facts, cubin = aot.compile_launch(launch, v.arch)
+        row.update(facts, ok=True)
+        if with_loops:
+            loops = sass.inner_loops(sass.disassemble(cubin))
+            for lp in loops:
+                lp.update(sass.loop_cycles(lp, v.arch, facts["warps"]))
+            row["loops"] = loops
+    except Exception as exc:  # noqa: BLE001 - a failed compile is a result of the report
+        text = f"{type(exc).__name__}: {exc}"
+        if exc.__cause__ is not None:
+            text += f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})"
+        row.update(ok=False, error=text if len(text) < 1200 else text[:300] + " ... " + text[-900:])
+    row["seconds"] = round(time.time() - t0, 1)
+    return row
+
+
+def _tiles(launch) -> tuple[int, int]:
+    kw = launch.kwargs
+    if "BLOCK_M" in kw and "BLOCK_N" in kw:
+        return kw["BLOCK_M"], kw["BLOCK_N"]
+    if "BLOCK" in kw:
+        return kw["BLOCK"], kw["BLOCK"]
+    return kw.get("BLOCK_M", 0), kw.get("HEAD_DIM", 0)
+
+
+def run_report(args) -> dict:
+    t0 = time.time()
+    vlist = _variant_list(args)
+    # Plan every variant here, then compile each distinct launch once.
+    keyed: dict[str, tuple] = {}
+    per_variant = []
+    for v in vlist:
+        launches = variants.plan(v)
+        refs = []
+        for i, launch in enumerate(launches):
+            key = aot.compile_key(launch, v.arch)
+            keyed.setdefault(key, (v, i, v.arch == 90))
+            refs.append((launch.name, key, _tiles(launch)))
+        per_variant.append((v, refs, variants.workspace(v)))
+    jobs = list(keyed.items())
+    print(f"gpu_report: {len(vlist)} wrapper calls -> {len(jobs)} distinct compiles "
+          f"with {args.jobs} job(s)", file=sys.stderr, flush=True)  # fmt: skip
+    results: dict[str, dict] = {}
+    done = 0
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for (key, _), row in zip(jobs, pool.map(_compile_job, [j for _, j in jobs]), strict=True):
+            results[key] = row
+            done += 1
+            if done % 20 == 0 or done == len(jobs):
+                print(f"  compiled {done}/{len(jobs)} ({time.time() - t0:.0f} s)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    compiles, failures, spills = [], [], []
+    index = {}
+    for v, refs, _work in per_variant:
+        for name, key, tiles in refs:
+            if key in index:
+                continue
+            r = results[key]
+            row = dict(v.to_dict(), kernel=name, tiles=f"{tiles[0]}x{tiles[1]}", **r)
+            gpu = targets.TARGETS[v.arch]
+            if r.get("ok"):
+                row.update(targets.occupancy(gpu, r["regs"], r["smem"], r["warps"]))
+                row["smem_limit"] = gpu.smem_per_block
+            index[key] = len(compiles)
+            compiles.append(row)
+            label = f"{v.family} {name} {v.features.label} {'causal' if v.causal else 'bidir'} " \
+                    f"D{v.head_dim} {v.dtype} sm{v.arch}"  # fmt: skip
+            if not r.get("ok"):
+                failures.append(f"{label}: compile failed: {r.get('error')}")
+                continue
+            if not row["smem_ok"]:
+                failures.append(
+                    f"{label}: shared memory {r['smem']} B > limit {gpu.smem_per_block} B"
+                )
+            if v.dtype != "fp32" and r["fma"]:
+                failures.append(f"{label}: {r['fma']} 16-bit dot(s) not on tensor cores")
+            if r["spill_store"] > SPILL_NOTE:
+                spills.append(f"{label}: {r['spill_store']} B spill stores")
+            if args.fail_on_spill is not None and r["spill_store"] > args.fail_on_spill:
+                failures.append(f"{label}: {r['spill_store']} B spilled > {args.fail_on_spill}")
+    # The static model: sm_90 variants with loops.
+    costs = []
+    for v, refs, work in per_variant:
+        if v.arch != 90:
+            continue
+        entry = dict(v.to_dict(), workspace_bwd=work)
+        try:
+            per_kernel, bounds = {}, {}
+            for name, key, tiles in refs:
+                r = results[key]
+                if name == "delta":
+                    continue
+                if not r.get("ok"):
+                    raise ValueError(f"{name} did not compile")
+                c, b = model.kernel_cost(v.family, name, r["loops"], tiles, v.causal,
+                                         variants.BENCH_SEQ)  # fmt: skip
+                per_kernel[name], bounds[name] = c, b
+            entry.update(model.pair_costs(v.family, per_kernel, v.head_dim), kernels=per_kernel,
+                         bounds=bounds)  # fmt: skip
+            entry["launchable"] = all(compiles[index[k]].get("smem_ok") for _, k, _ in refs)
+        except (ValueError, KeyError) as exc:
+            entry["error"] = str(exc)
+        costs.append(entry)
+    return dict(
+        meta=dict(
+            tools=aot.tool_versions(),
+            shape=dict(
+                seq=variants.BENCH_SEQ, tokens=variants.BENCH_TOKENS, hidden=variants.BENCH_HIDDEN
+            ),  # fmt: skip
+            targets={a: targets.TARGETS[a].name for a in args.archs},
+            note="static analysis of ahead-of-time compiled kernels; no GPU was used and no "
+            "time was measured; cycles per pair are a nominal-throughput model, for ratios only",
+            anchors=dict(tutorial=model.ANCHORS, sb_reference=model.SB_REFERENCE),
+            seconds=round(time.time() - t0, 1),
+            wrapper_calls=len(vlist),
+        ),
+        compiles=compiles,
+        model=costs,
+        failures=failures,
+        spills=spills,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Printing
+# ---------------------------------------------------------------------------------------------
+
+
+def _dots(r: dict) -> str:
+    n = r["wgmma"] + r["mma"] + r["fma"]
+    if n == 0:
+        return "-"
+    parts = [f"{r[k]}{k}" for k in ("wgmma", "mma", "fma") if r[k]]
+    return " ".join(parts) + ("!" if r["fma"] and r["dtype"] != "fp32" else "")
+
+
+def compile_lines(rep: dict) -> list[str]:
+    head = ("family", "kernel", "features", "mask", "D", "dtype", "sm", "tiles", "w", "st",
+            "regs", "spill", "smem KiB/limit", "dots", "occupancy")  # fmt: skip
+    rows = [head]
+    for r in rep["compiles"]:
+        base = (r["family"], r["kernel"], r["features"], "causal" if r["causal"] else "bidir",
+                str(r["head_dim"]), r["dtype"], str(r["arch"]))  # fmt: skip
+        if not r.get("ok"):
+            rows.append(base + ("COMPILE FAILED: " + r.get("error", "")[:80],))
+            continue
+        smem = f"{r['smem'] / 1024:.0f}/{r['smem_limit'] // 1024}" + (
+            "" if r["smem_ok"] else " OVER"
+        )
+        occ = f"{r['ctas']}x{r['warps']}w {r['occupancy']:.0%} ({r['limiter']})"
+        rows.append(base + (r["tiles"], str(r["warps"]), str(r["stages"]), str(r["regs"]),
+                            str(r["spill_store"]), smem, _dots(r), occ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(head))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows
+    ]
+
+
+def model_lines(rep: dict) -> list[str]:
+    lines = [
+        "cycles per (query, key) pair, sm_90 inner loops (static model, not a time); x = anchor /"
+        f" course, anchor = {model.ANCHOR_NAME}; SB = {model.SB_REFERENCE_NAME}",
+    ]
+    for e in rep["model"]:
+        label = (f"  {e['family']:5} {e['features']:38} {'causal' if e['causal'] else 'bidir ':6} "
+                 f"D{e['head_dim']:<3} {e['dtype']}")  # fmt: skip
+        if "error" in e:
+            lines.append(f"{label}  not modelled: {e['error']}")
+            continue
+        line = (f"{label}  fwd {e['fwd']:.4f} ({e['bounds']['forward']}) bwd {e['bwd']:.4f}  "
+                f"fwd+bwd {e['total_x']:.2f}x")  # fmt: skip
+        if "sb_total_x" in e and e["causal"]:
+            line += f"  vs SB {e['sb_total_x']:.2f}x"
+        line += f"  bwd workspace {e['workspace_bwd'] / 2**20:.0f} MiB"
+        if not e.get("launchable", True):
+            line += "  [does not launch: shared memory]"
+        lines.append(line)
+    return lines
+
+
+def write_figure(rep: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [e for e in rep["model"] if "error" not in e and e["dtype"] == "bf16"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    ax = axes[0]
+    labels, vals64, vals128 = [], [], []
+    keys = []
+    for e in ok:
+        if e["causal"]:
+            k = (e["family"], e["features"])
+            if k not in keys:
+                keys.append(k)
+    for k in keys:
+        labels.append(f"{k[0]} {k[1]}")
+        for d, store in ((64, vals64), (128, vals128)):
+            m = [e for e in ok if (e["family"], e["features"]) == k and e["head_dim"] == d
+                 and e["causal"]]  # fmt: skip
+            store.append(m[0]["total_x"] if m else 0.0)
+    y = range(len(labels))
+    ax.barh([i - 0.2 for i in y], vals64, height=0.4, label="head_dim 64")
+    ax.barh([i + 0.2 for i in y], vals128, height=0.4, label="head_dim 128")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(list(y), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(
+        "fwd+bwd cycles per pair: tutorial anchor / kernel (static model, higher is better)"
+    )
+    ax.set_title("Static cost model, causal, bf16, sm_90 (not a time)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    for arch, marker in ((90, "o"), (80, "s")):
+        rows = [r for r in rep["compiles"] if r.get("ok") and r["arch"] == arch]
+        ax.scatter(range(len(rows)), [r["smem"] / r["smem_limit"] for r in rows], s=8,
+                   marker=marker, label=f"sm_{arch}")  # fmt: skip
+    ax.axhline(1.0, color="r", lw=0.8)
+    ax.set_xlabel("compiled kernel (report order)")
+    ax.set_ylabel("shared memory / per-block limit")
+    ax.set_title("Shared memory of every compiled launch", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="bf16, head_dim 64 and 128 only")
+    p.add_argument("--full", action="store_true", help="more feature combinations")
+    p.add_argument("--ci", action="store_true",
+                   help="the CI subset: --quick, plain (causal and bidirectional) and each hook's "
+                   "heaviest combination (causal)")  # fmt: skip
+    p.add_argument(
+        "--archs", type=int, nargs="+", default=[90, 80], choices=sorted(targets.TARGETS)
+    )
+    p.add_argument("--dims", type=int, nargs="+", default=None)
+    p.add_argument("--dtypes", nargs="+", default=None, choices=sorted(variants.DTYPES))
+    p.add_argument("--families", nargs="+", default=["flash", "stick"], choices=["flash", "stick"])
+    p.add_argument(
+        "--filter", default=None, help="regex on 'family features causal|bidir D dtype smNN'"
+    )
+    p.add_argument("--kernels", default=None,
+                   help="compile the kernels of this folder instead of the checkout's kernels/ "
+                   "(e.g. an earlier version, for before/after figures)")  # fmt: skip
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--cache", default=None, help="Triton cache folder to keep (default: temporary)")
+    p.add_argument("--out", default=str(FIGURES / "gpu_report"), help="path stem of .json and .png")
+    p.add_argument("--no-figure", action="store_true")
+    p.add_argument("--fail-on-spill", type=int, default=None)
+    p.add_argument("--verbose", action="store_true", help="print the per-compile table")
+    args = p.parse_args(argv)
+    quick = args.quick or args.ci
+    if args.dims is None:
+        args.dims = [64, 128] if quick else [16, 32, 64, 128]
+    if args.dtypes is None:
+        args.dtypes = ["bf16"] if quick else ["bf16", "fp16", "fp32"]
+    if args.kernels:
+        variants.KERNELS_DIR = Path(args.kernels).resolve()
+    cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="gpu_report-"))
+    os.environ["TRITON_CACHE_DIR"] = str(cache)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    try:
+        rep = run_report(args)
+    finally:
+        if not args.cache:
+            shutil.rmtree(cache, ignore_errors=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
+    if not args.no_figure:
+        write_figure(rep, out.with_suffix(".png"))
+    text = [f"GPU report (no GPU used): {rep['meta']['tools']}; shape seq {variants.BENCH_SEQ}"]
+    if args.verbose:
+        text += compile_lines(rep)
+    else:
+        text += _summary_table(rep)
+    text += ["", *model_lines(rep), ""]
+    text += [f"spills > {SPILL_NOTE} B: {s}" for s in rep["spills"]]
+    text += [f"FAIL {f}" for f in rep["failures"]]
+    n = len(rep["compiles"])
+    text.append(f"{n} kernels compiled in {rep['meta']['seconds']:.0f} s; "
+                + ("RESULT: FAIL" if rep["failures"] else "RESULT: OK (all compile, fit in shared "
+                   "memory, 16-bit dots on tensor cores)"))  # fmt: skip
+    text.append(f"wrote {out.with_suffix('.json')}" + ("" if args.no_figure else " and .png"))
+    print("\n".join(text))
+    return 1 if rep["failures"] else 0
+
+
+def _summary_table(rep: dict) -> list[str]:
+    """One line per (family, kernel, features, dtype): worst case over causal/bidir per cell
+    (sm, D): regs/spill/smem KiB and dot lowering."""
+    cells: dict[tuple, dict] = {}
+    cols = sorted({(r["arch"], r["head_dim"]) for r in rep["compiles"]}, reverse=True)
+    for r in rep["compiles"]:
+        k = (r["family"], r["kernel"], r["features"], r["dtype"])
+        cells.setdefault(k, {}).setdefault((r["arch"], r["head_dim"]), []).append(r)
+    head = ["kernel", "features", "dtype"] + [f"sm{a} D{d}" for a, d in cols]
+    rows = [head]
+    for k, by in cells.items():
+        row = [f"{k[0]} {k[1]}", k[2], k[3]]
+        for c in cols:
+            rs = by.get(c)
+            if not rs:
+                row.append("-")
+            elif not all(r.get("ok") for r in rs):
+                row.append("COMPILE FAILED")
+            else:
+                w = max(rs, key=lambda r: (r["smem"], r["spill_store"], r["regs"]))
+                cell = f"{w['regs']}/{w['spill_store']}/{w['smem'] // 1024}K"
+                cell += " " + _dots(w).replace("wgmma", "wg")
+                if not all(r["smem_ok"] for r in rs):
+                    cell += " OVER"
+                row.append(cell)
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    out = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows
+    ]
+    out.append(
+        "cell: registers/spill-store bytes/shared KiB (worst of causal and bidir), dots "
+        "(wg = wgmma, mma = mma.sync, fma = CUDA cores, ! = a 16-bit dot off the tensor "
+        "cores), OVER = more shared memory than one block may have"
+    )
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Compile one recorded launch ahead of time for a GPU target and read what it needs.
+
+The launch's arguments go through Triton's own binder for a CUDA target (dtype, 16-byte
+alignment, the ``== 1`` and ``% 16`` integer specialisation), then ``triton.compile`` builds it.
+From the result: dynamic shared memory (Triton's metadata), registers and spill bytes (the ptxas
+Triton uses, same flags, with ``-v``), and the lowering of every ``tl.dot`` read from the TTGIR:
+``wgmma`` (Hopper warp-group MMA), ``mma`` (``mma.sync``, the Ampere path) or ``fma`` (CUDA
+cores: expected for fp32 with IEEE products, a failure for 16-bit inputs).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+__all__ = ["compile_launch", "compile_key", "dot_lowering", "ptxas_usage", "tool_versions"]
+
+
+def _backend(arch: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    target = GPUTarget("cuda", arch, 32)
+    return target, make_backend(target)
+
+
+def _stand_in(x):
+    """Tensors are replaced by small CPU tensors of the same dtype: the binder reads only the
+    dtype and the alignment of the data pointer (CUDA allocations are 256-byte aligned)."""
+    if isinstance(x, torch.Tensor):
+        y = torch.empty(16, dtype=x.dtype)
+        assert y.data_ptr() % 16 == 0
+        return y
+    return x
+
+
+def _specialise(launch, arch: int):
+    from triton.runtime.jit import create_function_from_signature
+
+    target, backend = _backend(arch)
+    fn = launch.kernel
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    args = [_stand_in(a) for a in launch.args]
+    bound, specialization, options = binder(*args, **launch.kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(
+        backend, options, bound, specialization, options
+    )
+    return target, fn, options, signature, constexprs, attrs
+
+
+def compile_key(launch, arch: int) -> str:
+    """Equal for two launches that compile to the same binary."""
+    _, fn, options, signature, constexprs, attrs = _specialise(launch, arch)
+    consts = {k: getattr(v, "cache_key", v) for k, v in constexprs.items()}
+    return repr((fn.cache_key, arch, sorted(options.__dict__.items()), signature,
+                 sorted(consts.items(), key=str), sorted(attrs.items(), key=str)))  # fmt: skip
+
+
+def _ptxas(arch: int):
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(arch)
+
+
+def tool_versions() -> str:
+    import triton
+
+    return (
+        f"triton {triton.__version__}, ptxas {_ptxas(90).version} (sm_90a) / "
+        f"{_ptxas(80).version} (sm_80)"
+    )
+
+
+def gpu_name(arch: int) -> str:
+    return f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+
+
+def ptxas_usage(ptx: str, arch: int) -> dict:
+    """Registers, spill store/load bytes and stack frame from ``ptxas -v`` (Triton's flags)."""
+    tool = _ptxas(arch)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        cmd = [tool.path, "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name={gpu_name(arch)}",
+               str(src), "-o", str(Path(tmp) / "k.o")]  # fmt: skip
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+
+    def num(pattern: str, group: int = 1) -> int:
+        m = re.search(pattern, log)
+        return int(m.group(group)) if m else 0
+
+    return dict(
+        regs=num(r"Used (\d+) registers"),
+        spill_store=num(r"(\d+) bytes spill stores"),
+        spill_load=num(r"(\d+) bytes spill loads"),
+        stack=num(r"(\d+) bytes stack frame"),
+    )
+
+
+def dot_lowering(ttgir: str) -> dict:
+    """Count the dots of a TTGIR by lowering: ``wgmma``, ``mma`` (mma.sync) and ``fma``."""
+    versions = dict(re.findall(r"^(#mma\d*) = #ttg\.nvidia_mma<\{versionMajor = (\d)", ttgir, re.M))
+    out = {"wgmma": 0, "mma": 0, "fma": 0}
+    for line in ttgir.splitlines():
+        if "ttng.warp_group_dot " in line:
+            out["wgmma"] += 1
+        elif re.search(r"= tt\.dot ", line):
+            enc = re.search(r"-> tensor<[^,>]+, (#\w+)>", line)
+            version = versions.get(enc.group(1)) if enc else None
+            out[{"3": "wgmma", "2": "mma"}.get(version, "fma")] += 1
+    return out
+
+
+def compile_launch(launch, arch: int) -> tuple[dict, bytes]:
+    """Compile for ``arch``; returns the facts (warps, stages, shared memory, registers, spills,
+    dots) and the cubin."""
+    import triton
+    from triton.compiler import ASTSource
+
+    target, fn, options, signature, constexprs, attrs = _specialise(launch, arch)
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    ck = triton.compile(src, target=target, options=options.__dict__)
+    row = dict(
+        warps=ck.metadata.num_warps,
+        stages=ck.metadata.num_stages,
+        smem=ck.metadata.shared,
+        **ptxas_usage(ck.asm["ptx"], arch),
+        **dot_lowering(ck.asm["ttgir"]),
+    )
+    return row, ck.asm["cubin"]

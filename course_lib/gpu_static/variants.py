@@ -1,0 +1,259 @@
+"""Every launch the kernel wrappers can issue, built by the wrappers themselves.
+
+A :class:`Variant` is one call of a family's forward and backward wrapper (flash or
+stick-breaking) with one set of features: q/k tables (pair layout, gain), a score-bias hook
+(and whether its parameter gradient is wanted), a key-padding mask, causal or not, head_dim,
+dtype, and the GPU it is configured for. :func:`plan` calls ``*_forward`` and ``*_backward`` of
+the kernel module on ``meta`` tensors of the benchmark shape inside
+:func:`~course_lib.kernels.common.planned_launches`, so the launches (kernel, grid, argument
+list, constexprs, warps, stages) are exactly the ones a GPU of that compute capability would
+get: the block sizes come from the wrappers' ``pick_config``, the arguments from their own
+code. Nothing is allocated and nothing runs.
+
+The kernels are loaded from ``kernels/`` as a separate package with ``TRITON_INTERPRET`` unset
+(``course_lib`` sets it on a machine without a GPU, and Triton reads it when a kernel is
+decorated), so they are real compiled-mode kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "BENCH_HIDDEN",
+    "BENCH_SEQ",
+    "BENCH_TOKENS",
+    "DTYPES",
+    "Features",
+    "Variant",
+    "feature_sets",
+    "kernel_package",
+    "plan",
+    "workspace",
+]
+
+# The benchmark shape of course_lib.bench: tokens 16384 and hidden 2048 at seq 8192, so batch 2
+# and heads 2048 / head_dim.
+BENCH_TOKENS, BENCH_HIDDEN, BENCH_SEQ = 16384, 2048, 8192
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+_PACKAGE = "_gpu_static_kernels"
+
+
+def kernel_package():
+    """``kernels/`` loaded as the package ``_gpu_static_kernels`` in compiled mode (once)."""
+    if _PACKAGE in sys.modules:
+        return sys.modules[_PACKAGE]
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        spec = importlib.util.spec_from_file_location(
+            _PACKAGE, KERNELS_DIR / "__init__.py", submodule_search_locations=[str(KERNELS_DIR)]
+        )
+        pkg = importlib.util.module_from_spec(spec)
+        sys.modules[_PACKAGE] = pkg
+        spec.loader.exec_module(pkg)
+        for name in ("common", "score_bias", "flash", "stick_breaking"):
+            importlib.import_module(f"{_PACKAGE}.{name}")
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+    return pkg
+
+
+def _module(name: str):
+    kernel_package()
+    return sys.modules[f"{_PACKAGE}.{name}"]
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a wrapper call switches on: ``tables`` (None or a pair layout), ``gain``, ``hook``
+    (a score-bias hook name or None), ``grad`` (its parameter gradient), ``mask``."""
+
+    tables: str | None = None
+    gain: bool = False
+    hook: str | None = None
+    grad: bool = False
+    mask: bool = False
+
+    @property
+    def label(self) -> str:
+        parts = []
+        if self.tables:
+            parts.append("tables" + ("-half" if self.tables == "half" else ""))
+        if self.gain:
+            parts.append("gain")
+        if self.hook:
+            parts.append(self.hook + ("(grad)" if self.grad else ""))
+        if self.mask:
+            parts.append("mask")
+        return "+".join(parts) or "plain"
+
+
+def _families(hook) -> tuple[str, ...]:
+    names = getattr(hook, "families", ("flash", "stick_breaking"))
+    return tuple("stick" if n.startswith("stick") else n for n in names)
+
+
+def feature_sets(full: bool, family: str | None = None) -> list[Features]:
+    """The feature combinations compiled for each family.
+
+    Always: no tables and no bias (``plain``), interleaved tables (RoPE), and for every hook in
+    ``SCORE_BIAS_HOOKS`` at run time tables + gain + the hook (with its gradient when it has a
+    learnable tensor), the heaviest combination each hook can be part of (only the hooks that
+    ``family`` takes, when given). ``full`` adds tables
+    with a gain alone, each hook with tables but no gain and with no tables, the half pair
+    layout and a key-padding mask.
+    """
+    hooks = {
+        name: hook
+        for name, hook in _module("score_bias").SCORE_BIAS_HOOKS.items()
+        if family is None or family in _families(hook)
+    }
+    out = [Features(), Features(tables="interleaved")]
+    for name, hook in hooks.items():
+        out.append(Features("interleaved", True, name, hook.grad is not None))
+    if full:
+        out.append(Features("interleaved", True))
+        for name, hook in hooks.items():
+            learnable = hook.grad is not None
+            out.append(Features("interleaved", False, name, learnable))
+            out.append(Features(None, False, name, learnable))
+        out.append(Features(tables="half"))
+        out.append(Features(mask=True))
+    return out
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One (family, features, causal, head_dim, dtype, arch) wrapper call."""
+
+    family: str  # "flash" or "stick"
+    features: Features
+    causal: bool
+    head_dim: int
+    dtype: str
+    arch: int
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.family} {self.features.label} {'causal' if self.causal else 'bidir'} "
+            f"D{self.head_dim} {self.dtype} sm{self.arch}"
+        )
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["features"] = self.features.label
+        return d
+
+
+def _hook_params(hook, batch: int, heads: int, seq: int) -> torch.Tensor | None:
+    """A meta tensor of the shape the hook reads (None for a hook without one); a table's width
+    comes from the hook's ``example_options``."""
+    if hook.param is None:
+        return None
+    if hook.param == "per_token":
+        shape = (batch, heads, seq)
+    elif hook.param == "per_head" and getattr(hook, "width", None) is not None:
+        shape = (heads, hook.width(dict(hook.example_options)))
+    elif hook.param == "per_head":
+        shape = (heads,)
+    else:
+        raise ValueError(f"the report does not know how to build a {hook.param!r} tensor")
+    return torch.empty(shape, dtype=torch.float32, device="meta")
+
+
+def _options_keyword(fn) -> str | None:
+    """The wrapper's keyword for a hook's compile-time options, if it has one."""
+    names = [n for n in inspect.signature(fn).parameters if "option" in n]
+    return names[0] if names else None
+
+
+def plan(v: Variant) -> list:
+    """The launches of ``v``'s forward and backward (``common.Launch`` objects), in order."""
+    return _plan(v)[0]
+
+
+def workspace(v: Variant) -> int:
+    """Bytes the backward wrapper allocates for one call (gradients, row data, checkpoints):
+    the tensors its launches take that are neither inputs nor the forward's."""
+    launches, n_forward = _plan(v)
+    known = {id(a) for launch in launches[:n_forward] for a in launch.args}
+    seen, total = set(), 0
+    for launch in launches[n_forward:]:
+        for a in launch.args:
+            if isinstance(a, torch.Tensor) and id(a) not in known and id(a) not in seen:
+                seen.add(id(a))
+                total += a.numel() * a.element_size()
+    return total
+
+
+def _plan(v: Variant) -> tuple[list, int]:
+    common = _module("common")
+    hooks = _module("score_bias").SCORE_BIAS_HOOKS
+    f = v.features
+    batch = max(1, BENCH_TOKENS // BENCH_SEQ)
+    heads, seq, d = max(1, BENCH_HIDDEN // v.head_dim), BENCH_SEQ, v.head_dim
+    meta = dict(device="meta")
+    dt = DTYPES[v.dtype]
+
+    def projection() -> torch.Tensor:  # [batch, seq, heads, d] viewed as [batch, heads, seq, d]
+        return torch.empty(batch, seq, heads, d, dtype=dt, **meta).transpose(1, 2)
+
+    q, k, val, grad_out = projection(), projection(), projection(), projection()
+    positions = torch.empty(1, seq, dtype=torch.float32, **meta)
+    mask = torch.empty(batch, seq, dtype=torch.int8, **meta) if f.mask else None
+    tables = None
+    if f.tables:
+        cos = torch.empty(1, seq, d // 2, dtype=torch.float32, **meta)
+        gain = torch.empty(d, dtype=torch.float32, **meta) if f.gain else None
+        tables = _Tables(cos, cos.clone(), gain, f.tables)
+    params = None if f.hook is None else _hook_params(hooks[f.hook], batch, heads, seq)
+    options = dict(
+        causal=v.causal,
+        scale=1.0 / math.sqrt(d),
+        qk_tables=tables,
+        bias_hook=f.hook,
+        bias_params=params,
+    )
+    fwd_name = "flash_attention_forward" if v.family == "flash" else "stick_breaking_forward"
+    m = _module("flash" if v.family == "flash" else "stick_breaking")
+    keyword = _options_keyword(getattr(m, fwd_name))
+    if f.hook is not None and keyword is not None:
+        options[keyword] = dict(getattr(hooks[f.hook], "example_options", {}) or {})
+    with common.planned_launches(v.arch) as launches:
+        if v.family == "flash":
+            out, lse = m.flash_attention_forward(q, k, val, positions, mask, **options)
+            n_forward = len(launches)
+            m.flash_attention_backward(
+                grad_out, q, k, val, out, lse, positions, mask, bias_grad=f.grad, **options
+            )
+        elif v.family == "stick":
+            out, mass = m.stick_breaking_forward(q, k, val, positions, mask, **options)
+            n_forward = len(launches)
+            m.stick_breaking_backward(
+                grad_out, q, k, val, mass, positions, mask, bias_grad=f.grad, **options
+            )
+        else:
+            raise ValueError(f"unknown family {v.family!r}")
+    return list(launches), n_forward
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """What the kernel wrappers read of the caller's q/k tables (duck-typed, as theirs)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    gain: torch.Tensor | None
+    layout: str
