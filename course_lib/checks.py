@@ -19,6 +19,7 @@ __all__ = [
     "check_key_padding_mask",
     "default_position_ids",
     "check_distance_penalty",
+    "check_float_tensor",
     "check_kernel_qkv",
     "KERNEL_HEAD_DIMS",
     "KERNEL_DTYPES",
@@ -136,21 +137,35 @@ def check_key_padding_mask(
     return mask
 
 
+def check_float_tensor(
+    value: object,
+    name: str,
+    layout: str,
+    device: torch.device,
+    shape: tuple[int, ...] | None = None,
+) -> None:
+    """``value``: a floating-point tensor on ``device`` with finite entries, of ``shape`` if given.
+
+    ``layout`` names the shape in messages, e.g. ``"[heads]"``. Every encoding parameter passed to
+    :func:`course_lib.attention.attention` (slopes, tables, gates) goes through this check.
+    """
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor {layout}, got "
+            f"{getattr(value, 'dtype', type(value).__name__)}"
+        )
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        want = "[" + ", ".join(map(str, shape)) + "]"
+        raise ValueError(f"{name} must have shape {layout} = {want}, got {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device} but q is on {device}")
+    if not bool(torch.isfinite(value.detach()).all()):
+        raise ValueError(f"{name} must be finite")
+
+
 def check_distance_penalty(lam: torch.Tensor, heads: int, device: torch.device) -> None:
     """RSE's lambda: a finite, non-negative floating-point tensor ``[heads]`` on ``device``."""
-    if not isinstance(lam, torch.Tensor) or not lam.is_floating_point():
-        raise TypeError(
-            "distance_penalty must be a floating-point tensor [heads] (lambda >= 0), got "
-            f"{getattr(lam, 'dtype', type(lam).__name__)}"
-        )
-    if tuple(lam.shape) != (heads,):
-        raise ValueError(
-            f"distance_penalty must have shape [heads] = [{heads}], got {tuple(lam.shape)}"
-        )
-    if lam.device != device:
-        raise ValueError(f"distance_penalty is on {lam.device} but q is on {device}")
-    if not bool(torch.isfinite(lam.detach()).all()):
-        raise ValueError("distance_penalty (lambda) must be finite")
+    check_float_tensor(lam, "distance_penalty", "[heads]", device, shape=(heads,))
     if bool((lam.detach() < 0).any()):
         raise ValueError("distance_penalty (lambda) must be >= 0: it penalises distance")
 

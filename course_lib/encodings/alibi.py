@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from course_lib.checks import check_float_tensor
 from course_lib.encodings.distance import linear_distance_bias
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
@@ -54,19 +55,7 @@ def check_alibi_params(params: dict, *, heads: int, head_dim: int, device, **cal
     if slopes is None:
         params["slopes"] = alibi_slopes(heads).to(device)
         return
-    if not isinstance(slopes, torch.Tensor) or not slopes.is_floating_point():
-        raise TypeError(
-            "ALiBi slopes must be a floating-point tensor [heads], got "
-            f"{getattr(slopes, 'dtype', type(slopes).__name__)}"
-        )
-    if tuple(slopes.shape) != (heads,):
-        raise ValueError(
-            f"ALiBi slopes must have shape [heads] = [{heads}], got {tuple(slopes.shape)}"
-        )
-    if slopes.device != device:
-        raise ValueError(f"ALiBi slopes are on {slopes.device} but q is on {device}")
-    if not bool(torch.isfinite(slopes.detach()).all()):
-        raise ValueError("ALiBi slopes must be finite")
+    check_float_tensor(slopes, "ALiBi slopes", "[heads]", device, shape=(heads,))
     if bool((slopes.detach() < 0).any()):
         raise ValueError(
             "ALiBi slopes must be >= 0: the bias -m |i - j| penalises distance; a negative slope "

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from course_lib.checks import check_float_tensor
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -88,11 +89,7 @@ def cope_bias(scores: torch.Tensor, q: torch.Tensor, allowed: torch.Tensor, para
 def check_cope_params(params: dict, *, head_dim: int, device, **call) -> None:
     """``position_embeddings``: a finite floating ``[npos, head_dim]`` tensor, ``npos >= 2``."""
     table = params["position_embeddings"]
-    if not isinstance(table, torch.Tensor) or not table.is_floating_point():
-        raise TypeError(
-            "position_embeddings must be a floating-point tensor [npos, head_dim], got "
-            f"{getattr(table, 'dtype', type(table).__name__)}"
-        )
+    check_float_tensor(table, "position_embeddings", "[npos, head_dim]", device)
     if table.dim() != 2 or table.shape[1] != head_dim:
         raise ValueError(
             f"position_embeddings must have shape [npos, head_dim] = [npos, {head_dim}] (one "
@@ -103,10 +100,6 @@ def check_cope_params(params: dict, *, head_dim: int, device, **call) -> None:
             f"position_embeddings needs npos >= 2 rows (counts are interpolated between two "
             f"integer positions), got npos = {table.shape[0]}"
         )
-    if table.device != device:
-        raise ValueError(f"position_embeddings is on {table.device} but q is on {device}")
-    if not bool(torch.isfinite(table.detach()).all()):
-        raise ValueError("position_embeddings must be finite")
 
 
 def cope_kernel_attention(q, k, v, *, causal, key_padding_mask, position_ids, scale, params):

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.checks import check_float_tensor
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
@@ -56,11 +57,7 @@ def fox_bias(query_positions: torch.Tensor, key_positions: torch.Tensor, params:
 def check_fox_params(params: dict, *, heads: int, head_dim: int, device, positions, **call):
     """``log_forget``: a finite floating ``[batch, heads, seq_k]`` tensor of ``log f <= 0``."""
     log_forget = params["log_forget"]
-    if not isinstance(log_forget, torch.Tensor) or not log_forget.is_floating_point():
-        raise TypeError(
-            "log_forget must be a floating-point tensor [batch, heads, seq] (log f_t <= 0), got "
-            f"{getattr(log_forget, 'dtype', type(log_forget).__name__)}"
-        )
+    check_float_tensor(log_forget, "log_forget", "[batch, heads, seq] (log f_t <= 0)", device)
     seq_k = positions.shape[1]
     # The batch size: given by the caller, else known from per-example positions.
     batch = call.get("batch") or (positions.shape[0] if positions.shape[0] != 1 else None)
@@ -71,14 +68,7 @@ def check_fox_params(params: dict, *, heads: int, head_dim: int, device, positio
             f"log_forget must have shape [batch, heads, seq_k] = {want} (one log gate per head "
             f"and key), got {shape}"
         )
-    if log_forget.device != device:
-        raise ValueError(f"log_forget is on {log_forget.device} but q is on {device}")
     values = log_forget.detach()
-    if not bool(torch.isfinite(values).all()):
-        raise ValueError(
-            "log_forget must be finite (a gate of exactly 0 would give log f = -inf; use "
-            "logsigmoid of the gate's logit)"
-        )
     if bool((values > 0).any()):
         raise ValueError(
             f"log_forget must be <= 0 (log of a gate f in (0, 1]); got a maximum of "

@@ -26,6 +26,7 @@ import math
 import torch
 from torch import nn
 
+from course_lib.checks import check_float_tensor
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
@@ -129,21 +130,13 @@ def check_t5_params(params: dict, *, heads: int, head_dim: int, device, causal: 
     if params["bidirectional"] is None:
         params["bidirectional"] = not causal
     table = params["bias_table"]
-    if not isinstance(table, torch.Tensor) or not table.is_floating_point():
-        raise TypeError(
-            "bias_table must be a floating-point tensor [heads, num_buckets], got "
-            f"{getattr(table, 'dtype', type(table).__name__)}"
-        )
+    check_float_tensor(table, "bias_table", "[heads, num_buckets]", device)
     if table.dim() != 2 or table.shape[0] != heads:
         raise ValueError(
             f"bias_table must have shape [heads, num_buckets] = [{heads}, num_buckets], "
             f"got {tuple(table.shape)}"
         )
-    if table.device != device:
-        raise ValueError(f"bias_table is on {table.device} but q is on {device}")
     check_bucket_options(table.shape[1], params["max_distance"], params["bidirectional"])
-    if not bool(torch.isfinite(table.detach()).all()):
-        raise ValueError("bias_table must be finite")
 
 
 def t5_kernel_bias(params: dict) -> ScoreBias:

@@ -84,6 +84,8 @@ BUCKETS = ((0, 64), (64, 128), (128, 256), (256, 512))
 SCALINGS = ("plain", "linear", "ntk", "dynamic", "yarn")
 #: the scalings that are also fine-tuned (dynamic NTK is an inference-time rule)
 FINETUNED_SCALINGS = ("plain", "linear", "ntk", "yarn")
+#: the experiment's arms: RoPE with each fix, beside two encodings built to extrapolate
+#: (not a list of the course's encodings: those are course_lib.encodings.REGISTRY)
 ENCODINGS = ("rope", "alibi", "rse")
 FINETUNE_STEPS = 50
 EVAL_CHUNKS = 48

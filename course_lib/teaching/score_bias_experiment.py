@@ -75,6 +75,8 @@ __all__ = [
 TRAIN_LEN = 64
 LENGTHS = (64, 128, 256, 512)
 BUCKETS = ((0, 64), (64, 128), (128, 256), (256, 512))
+#: the experiment's arms, those of the ALiBi paper's Figure 1 (not a list of the course's
+#: encodings: those are course_lib.encodings.REGISTRY)
 ENCODINGS = ("alibi", "absolute", "rope")
 SEEDS = (0, 1, 2)
 LIVE_CHUNKS = 8  # chunks of 512 tokens the notebook re-scores live
