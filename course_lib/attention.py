@@ -24,6 +24,7 @@ hooks build (``course_lib.flash_ops`` / ``course_lib.stick_ops``): the same func
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -35,7 +36,13 @@ from course_lib.checks import (
     default_position_ids,
 )
 from course_lib.normalisers import softmax_weights, stick_breaking_weights
-from course_lib.registry import REQUIRED, Encoding, attention_methods, get_encoding
+from course_lib.registry import (
+    NORMALISER_NAMES,
+    REQUIRED,
+    Encoding,
+    attention_methods,
+    get_encoding,
+)
 
 __all__ = ["BACKENDS", "attention", "attention_weights", "get_attention_class"]
 
@@ -151,6 +158,7 @@ def attention_weights(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    normaliser: str | None = None,
     **params,
 ) -> torch.Tensor:
     """The reference attention matrix ``[batch, heads, seq_q, seq_k]`` (float32) of a method.
@@ -161,6 +169,7 @@ def attention_weights(
     encoding, key_pos, params = _prepare(
         q, k, v, method, causal, key_padding_mask, position_ids, params
     )
+    encoding = _with_normaliser(encoding, method, normaliser)
     return _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
 
 
@@ -174,17 +183,21 @@ def attention(
     key_padding_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
     backend: str = "reference",
+    normaliser: str | None = None,
     **params,
 ) -> torch.Tensor:
     """Attention output ``[batch, heads, seq_q, head_dim]`` like ``q``; see the module docstring.
 
     ``params``: ``scale`` (every method) and the method's own (its record's ``params``, e.g.
-    ``base`` and ``style`` for RoPE, ``distance_penalty`` ``[heads]`` for RSE).
+    ``base`` and ``style`` for RoPE, ``distance_penalty`` ``[heads]`` for RSE). ``normaliser``
+    (``"softmax"`` or ``"stick_breaking"``) replaces the method's own in the fourth place, the
+    other three unchanged (None: the record's); both backends honour it.
     """
     check_choice("backend", backend, BACKENDS)
     encoding, key_pos, params = _prepare(
         q, k, v, method, causal, key_padding_mask, position_ids, params
     )
+    encoding = _with_normaliser(encoding, method, normaliser)
     if backend == "triton":
         return _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params)
     weights = _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
@@ -236,6 +249,25 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
         qk_tables=tables,
         score_bias=bias,
     )  # fmt: skip
+
+
+def _with_normaliser(encoding: Encoding | None, method: str, normaliser: str | None):
+    """``encoding`` with its normaliser replaced by ``normaliser`` (None: unchanged)."""
+    if normaliser is None:
+        return encoding
+    check_choice("normaliser", normaliser, NORMALISER_NAMES)
+    if encoding is None:
+        if normaliser != "softmax":
+            raise ValueError(f"method={method!r} has no record to change: use a registered one")
+        return None
+    if encoding.normaliser == normaliser:
+        return encoding
+    if encoding.kernel_attention is not None or encoding.score_bias_from_scores is not None:
+        raise ValueError(
+            f"method={method!r} computes its weights its own way; its normaliser cannot be "
+            f"replaced by {normaliser!r}"
+        )
+    return replace(encoding, normaliser=normaliser)
 
 
 def get_attention_class(name: str):

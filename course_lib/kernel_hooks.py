@@ -50,8 +50,10 @@ class ScoreBias:
     """A bias ``b_ij`` added to the scores, by the name of a kernel hook.
 
     ``hook``: a name in ``course_lib.kernels.score_bias.SCORE_BIAS_HOOKS``, e.g.
-    ``"linear_distance"`` (``b_ij = -per_head[h] * |p_i - p_j|``) or ``"exposb_distance"``
-    (``b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))``). The tensors a hook reads:
+    ``"linear_distance"`` (``b_ij = -per_head[h] * |p_i - p_j|``), ``"offset_linear_distance"``
+    (``b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]``, RSE with a stick bias) or
+    ``"exposb_distance"`` (``b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))``). The tensors a hook
+    reads:
 
     * ``per_head``: floating ``[heads]`` or ``[heads, width]`` (e.g. a table of one value per
       head and bucket), or None;

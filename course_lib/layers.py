@@ -127,6 +127,9 @@ class PositionalSelfAttention(nn.Module):
         self.out = nn.Linear(hidden_size, hidden_size)
         self.dropout = nn.Dropout(dropout)
 
+    #: The fourth place, when a module's option replaces its record's (None: the record's).
+    normaliser: str | None = None
+
     @property
     def spec(self) -> Encoding:
         """The encoding's registry record (what it does in each of the four places)."""
@@ -143,6 +146,11 @@ class PositionalSelfAttention(nn.Module):
         """Keyword parameters for :func:`course_lib.attention.attention` (the module's own
         parameters, or terms computed from ``hidden_states`` ``[batch, seq, hidden]``; those its
         record lists in ``per_key_params`` cover this call's tokens and are cached per key)."""
+        return {}
+
+    def reported_values(self) -> dict[str, list[float]]:
+        """Learned values worth reporting after training (e.g. RSE's lambda per head); none by
+        default. The comparison stores them in each run's results."""
         return {}
 
     # -- forward -------------------------------------------------------------------------------
@@ -199,6 +207,7 @@ class PositionalSelfAttention(nn.Module):
             key_padding_mask=key_mask,
             position_ids=key_positions if spec.uses_positions else None,
             backend=backend,
+            normaliser=self.normaliser,
             **params,
         )  # fmt: skip
         context = context.transpose(1, 2).reshape(batch, seq, self.hidden_size)

@@ -29,6 +29,7 @@ PAIR_LAYOUTS: tuple[str, ...] = ("interleaved", "half")
 # The names of the score-bias hooks (the keys of score_bias.SCORE_BIAS_HOOKS).
 SCORE_BIAS_HOOK_NAMES: tuple[str, ...] = (
     "linear_distance",
+    "offset_linear_distance",
     "exposb_distance",
     "t5_buckets",
     "cumulative_log_gates",

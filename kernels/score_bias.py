@@ -11,6 +11,10 @@ Hooks of the course (``p`` = the position ids, float32 in the tile):
 
 * ``"linear_distance"``: ``b_ij = -per_head[h] * |p_i - p_j|`` (RSE's learned penalty, ALiBi);
   gradient ``d loss / d per_head[h] = -sum_ij dS_ij |p_i - p_j|``.
+* ``"offset_linear_distance"``: ``b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]`` (RSE's
+  penalty with a learned per-head stick bias: a ``[heads, 2]`` table of ``(lambda_h, beta_h)``);
+  gradients ``d loss / d per_head[h, 0] = -sum_ij dS_ij |p_i - p_j|`` and
+  ``d loss / d per_head[h, 1] = sum_ij dS_ij``.
 * ``"exposb_distance"``: ``b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))`` (ExpoSB's distance
   factor, added as a log to the logits), no parameter.
 * ``"t5_buckets"``: ``b_ij = per_head[h, bucket(p_j - p_i)]`` (T5's relative bias: a learned
@@ -52,7 +56,8 @@ into the parameter's gradient with torch. ``"linear_distance"`` keeps one partia
 column (``GRAD_WIDTH`` = the key block) so its inner loop reduces only over the query axis, and
 sums them all afterwards; ``"cumulative_log_gates"`` does the same and lays the columns out as
 ``[batch, heads, seq]``; ``"t5_buckets"`` keeps one partial sum per bucket (``GRAD_WIDTH`` =
-``num_buckets`` rounded up to a power of two).
+``num_buckets`` rounded up to a power of two); ``"offset_linear_distance"`` keeps two, slope and
+offset (``GRAD_WIDTH`` = 2, each tile reduced whole), reduced to ``[heads, 2]``.
 
 Adding a hook
 -------------
@@ -90,6 +95,8 @@ __all__ = [
     "get_hook",
     "linear_distance_bias",
     "linear_distance_grad",
+    "offset_linear_distance_bias",
+    "offset_linear_distance_grad",
     "t5_bucket_thresholds",
     "t5_buckets_bias",
     "t5_buckets_grad",
@@ -127,6 +134,43 @@ def linear_distance_grad(
 def _sum_per_head(partials: torch.Tensor, batch: int, heads: int, shape=None) -> torch.Tensor:
     """``[batch*heads, blocks, width]`` partial sums -> ``[heads]``."""
     return partials.view(batch, heads, -1).sum(dim=(0, 2))
+
+
+# --------------------------------------------------------------------------------------------
+# offset_linear_distance: b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def offset_linear_distance_bias(
+    idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
+):
+    """``-slope * |p_i - p_j| + offset`` with ``(slope, offset) = per_head[h, :]`` (times
+    ``log2 e`` if ``BASE2``); ``params`` points at this head's row of the ``[heads, 2]`` table."""
+    slope = tl.load(params)
+    offset = tl.load(params + 1)
+    if BASE2:
+        slope = slope * 1.4426950408889634
+        offset = offset * 1.4426950408889634
+    return offset - slope * tl.abs(pos_q - pos_k)
+
+
+@triton.jit
+def offset_linear_distance_grad(
+    acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
+    OPTIONS: tl.constexpr = None,
+):  # fmt: skip
+    """``acc[0] -= sum_ij dS_ij |p_i - p_j|`` (``d b_ij / d slope = -|p_i - p_j|``) and
+    ``acc[1] += sum_ij dS_ij`` (``d b_ij / d offset = 1``): the whole tile in two sums."""
+    d_slope = -tl.sum(ds * tl.abs(pos_q - pos_k))
+    d_offset = tl.sum(ds)
+    slots = tl.arange(0, acc.shape[0])
+    return acc + tl.where(slots == 0, d_slope, d_offset)
+
+
+def _sum_per_head_pair(partials: torch.Tensor, batch: int, heads: int, shape=None):
+    """``[batch*heads, blocks, 2]`` partial sums -> ``[heads, 2]``."""
+    return partials.view(batch, heads, -1, 2).sum(dim=(0, 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,6 +460,16 @@ SCORE_BIAS_HOOKS: dict[str, BiasHook] = {
         grad=linear_distance_grad,
         param="per_head",
         reduce=_sum_per_head,
+    ),
+    "offset_linear_distance": BiasHook(
+        name="offset_linear_distance",
+        formula="b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]",
+        bias=offset_linear_distance_bias,
+        grad=offset_linear_distance_grad,
+        param="per_head",
+        reduce=_sum_per_head_pair,
+        width=lambda options: 2,
+        grad_width_fn=lambda block_keys, options: 2,
     ),
     "exposb_distance": BiasHook(
         name="exposb_distance",

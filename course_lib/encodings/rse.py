@@ -1,7 +1,14 @@
 """RSE, the implementation report's "RoPE + stick-breaking + distance penalty" (chapter 05).
 
-``z_ij = scale * R(p_i) q_i . R(p_j) k_j - lambda_h |p_i - p_j|`` (``lambda_h >= 0``, learned per
-head), then stick-breaking weights instead of softmax.
+``z_ij = scale * R(p_i) q_i . R(p_j) k_j - lambda_h |p_i - p_j| (+ beta_h)`` (``lambda_h >= 0``,
+learned per head; ``beta_h`` an optional learned per-head stick bias), then stick-breaking weights
+instead of softmax.
+
+The module's options take RSE apart, one change at a time (the comparison's ablations):
+``penalty_init`` / ``learn_penalty`` (``0.0`` and ``False``: no penalty at all), ``stick_bias_init``
+(a negative start makes every key break off a smaller share, so the stick reaches farther keys)
+and ``normaliser="softmax"`` (the same scores under softmax: RoPE with a learned, ALiBi-like
+penalty; a constant ``beta_h`` cancels under softmax, so it needs the stick).
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_distance_penalty
+from course_lib.checks import check_choice, check_distance_penalty, check_float_tensor
 from course_lib.encodings.distance import linear_distance_bias
 from course_lib.encodings.rope import (
     RoPEAttention,
@@ -19,7 +26,7 @@ from course_lib.encodings.rope import (
     rope_transform,
 )
 from course_lib.kernel_hooks import ScoreBias
-from course_lib.registry import REQUIRED, Encoding, register
+from course_lib.registry import NORMALISER_NAMES, REQUIRED, Encoding, register
 
 __all__ = ["RSEAttention"]
 
@@ -27,41 +34,115 @@ __all__ = ["RSEAttention"]
 def rse_penalty(
     query_positions: torch.Tensor, key_positions: torch.Tensor, params: dict
 ) -> torch.Tensor:
-    """-lambda_h |p_i - p_j|, a learned linear distance penalty per head"""
-    return linear_distance_bias(query_positions, key_positions, params["distance_penalty"])
+    """``-lambda_h |p_i - p_j|`` (a learned linear distance penalty per head), ``+ beta_h`` when
+    a ``stick_bias`` ``[heads]`` is given: ``[1|B, H, Nq, Nk]``."""
+    bias = linear_distance_bias(query_positions, key_positions, params["distance_penalty"])
+    if params["stick_bias"] is not None:
+        bias = bias + params["stick_bias"].view(1, -1, 1, 1).to(bias.dtype)
+    return bias
+
+
+def rse_kernel_bias(params: dict) -> ScoreBias:
+    """The penalty for the fused kernels: ``linear_distance``, or ``offset_linear_distance``
+    with ``[heads, 2]`` = (lambda_h, beta_h) when there is a stick bias."""
+    if params["stick_bias"] is None:
+        return ScoreBias("linear_distance", params["distance_penalty"])
+    both = torch.stack((params["distance_penalty"], params["stick_bias"]), dim=-1)
+    return ScoreBias("offset_linear_distance", both)
 
 
 def check_rse_params(params: dict, *, heads: int, head_dim: int, device, **call) -> None:
-    """RoPE's checks, and ``distance_penalty``: a finite ``[heads]`` tensor of lambda >= 0."""
+    """RoPE's checks; ``distance_penalty``: a finite ``[heads]`` tensor of lambda >= 0;
+    ``stick_bias``: None or a finite ``[heads]`` tensor."""
     check_rope_params(params, heads=heads, head_dim=head_dim, device=device, **call)
     check_distance_penalty(params["distance_penalty"], heads, device)
+    if params["stick_bias"] is not None:
+        check_float_tensor(params["stick_bias"], "stick_bias", "[heads]", device, shape=(heads,))
 
 
 class RSEAttention(RoPEAttention):
     """RoPE + learnable distance penalty ``lambda_h * |i - j|`` + stick-breaking.
 
-    ``lambda_h = softplus(raw_h) >= 0``, one per head, initialised to about 0.01.
+    ``lambda_h = softplus(raw_h) >= 0``, one per head, initialised to ``penalty_init`` (0.01).
+    Options (defaults: RSE as in chapter 05):
+
+    * ``learn_penalty=False``: lambda stays at ``penalty_init`` (a buffer; ``0.0`` = no penalty);
+    * ``stick_bias_init``: a float adds a learned per-head bias ``beta_h`` to every logit,
+      starting there (None: no bias);
+    * ``normaliser``: ``"stick_breaking"`` (RSE) or ``"softmax"`` (the same scores under softmax).
     """
 
     encoding = "rse"
 
     def __init__(
-        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+        self,
+        hidden_size,
+        num_heads,
+        max_position_embeddings=512,
+        dropout=0.0,
+        backend="reference",
+        *,
+        penalty_init: float = 0.01,
+        learn_penalty: bool = True,
+        stick_bias_init: float | None = None,
+        normaliser: str = "stick_breaking",
     ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
-        init = torch.full((num_heads,), 0.01)
-        self.distance_penalty_raw = nn.Parameter(torch.log(torch.expm1(init)))
+        if (
+            isinstance(penalty_init, bool)
+            or not isinstance(penalty_init, (int, float))
+            or not (0.0 <= penalty_init < float("inf"))
+        ):
+            raise ValueError(f"penalty_init must be a finite number >= 0, got {penalty_init!r}")
+        if learn_penalty and penalty_init <= 0.0:
+            raise ValueError(
+                "a learned penalty is softplus(raw) > 0 and cannot start at 0: use "
+                "penalty_init > 0, or learn_penalty=False for a fixed lambda (0.0 = no penalty)"
+            )
+        init = torch.full((num_heads,), float(penalty_init))
+        if learn_penalty:
+            self.distance_penalty_raw = nn.Parameter(torch.log(torch.expm1(init)))
+        else:
+            self.register_buffer("fixed_distance_penalty", init)
+        if stick_bias_init is None:
+            self.stick_bias = None
+        elif (
+            not isinstance(stick_bias_init, bool)
+            and isinstance(stick_bias_init, (int, float))
+            and abs(stick_bias_init) < float("inf")
+        ):
+            self.stick_bias = nn.Parameter(torch.full((num_heads,), float(stick_bias_init)))
+        else:
+            raise ValueError(
+                f"stick_bias_init must be None or a finite number, got {stick_bias_init!r}"
+            )
+        self.normaliser = check_choice("normaliser", normaliser, NORMALISER_NAMES)
+        if self.stick_bias is not None and self.normaliser == "softmax":
+            raise ValueError(
+                "stick_bias_init needs normaliser='stick_breaking': a constant per head cancels "
+                "under softmax"
+            )
 
     @property
     def distance_penalty(self) -> torch.Tensor:
         """``lambda`` per head, ``[heads]``, always >= 0."""
-        return F.softplus(self.distance_penalty_raw)
+        if hasattr(self, "distance_penalty_raw"):
+            return F.softplus(self.distance_penalty_raw)
+        return self.fixed_distance_penalty
 
     def attention_params(self, hidden_states: torch.Tensor) -> dict:
         return {
             **super().attention_params(hidden_states),
             "distance_penalty": self.distance_penalty,
+            "stick_bias": self.stick_bias,
         }
+
+    def reported_values(self) -> dict[str, list[float]]:
+        """lambda per head (and beta per head when learned), for results files."""
+        values = {"distance_penalty": self.distance_penalty.detach().cpu().tolist()}
+        if self.stick_bias is not None:
+            values["stick_bias"] = self.stick_bias.detach().cpu().tolist()
+        return values
 
 
 register(
@@ -80,10 +161,11 @@ register(
             "scaling": None,
             "seq_len": None,
             "distance_penalty": REQUIRED,
+            "stick_bias": None,
         },
         check_params=check_rse_params,
         kernel_tables=rope_kernel_tables,
-        kernel_bias=lambda params: ScoreBias("linear_distance", params["distance_penalty"]),
+        kernel_bias=rse_kernel_bias,
         relative=True,
         learnable=True,
     )
