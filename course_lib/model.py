@@ -29,6 +29,9 @@ __all__ = ["BertConfig", "MiniBert", "ModelOutput", "OBJECTIVES"]
 
 OBJECTIVES = ("mlm", "clm")
 
+#: Standard deviation of every linear and embedding weight at initialisation (BERT's).
+INIT_STD = 0.02
+
 
 @dataclass
 class BertConfig:
@@ -115,11 +118,14 @@ class MiniBert(nn.Module):
             self.head_transform = nn.Identity()
         self.head_bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.apply(self._init_weights)
+        for module in self.modules():  # a module whose own init differs from the model's
+            if module is not self and hasattr(module, "finish_init"):
+                module.finish_init(INIT_STD)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+            nn.init.normal_(module.weight, std=INIT_STD)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 

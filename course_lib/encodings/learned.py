@@ -13,16 +13,38 @@ __all__ = ["LearnedAttention"]
 
 
 class LearnedAttention(PositionalSelfAttention):
-    """A trainable table ``[max_position_embeddings, hidden]`` added to the inputs of Q, K and V."""
+    """A trainable table ``[max_position_embeddings, hidden]`` added to the inputs of Q, K and V.
+
+    The table starts as ``N(0, init_std^2)`` (``init_std`` 0.02, BERT's, by default). The states
+    it is added to are layer-normalised (about unit scale), so at 0.02 positions start as a
+    whisper; ``init_std=1.0`` starts them at the states' own scale.
+    """
 
     encoding = "learned"
 
     def __init__(
-        self, hidden_size, num_heads, max_position_embeddings=512, dropout=0.0, backend="reference"
+        self,
+        hidden_size,
+        num_heads,
+        max_position_embeddings=512,
+        dropout=0.0,
+        backend="reference",
+        *,
+        init_std: float = 0.02,
     ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
+        if not isinstance(init_std, (int, float)) or not 0.0 < init_std < float("inf"):
+            raise ValueError(f"init_std must be a finite number > 0, got {init_std!r}")
+        self.init_std = float(init_std)
         self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
-        nn.init.normal_(self.position_embeddings.weight, std=0.02)
+        nn.init.normal_(self.position_embeddings.weight, std=self.init_std)
+
+    @torch.no_grad()
+    def finish_init(self, std: float) -> None:
+        """Called by :class:`~course_lib.model.MiniBert` after it drew every embedding from
+        ``N(0, std^2)``: rescale the table to ``init_std`` (no new random draws)."""
+        if self.init_std != std:
+            self.position_embeddings.weight.mul_(self.init_std / std)
 
     def add_positions(self, hidden_states, position_ids):
         limit = self.position_embeddings.num_embeddings
