@@ -35,6 +35,7 @@ __all__ = [
     "evaluate_loss",
     "extrapolation_losses",
     "peak_memory",
+    "position_bucket_losses",
     "position_limit",
     "probe_correct",
     "probe_inputs",
@@ -219,6 +220,89 @@ def extrapolation_losses(
             entry.update(status="ok", loss=loss, bits_per_byte=bits_per_byte(loss), tokens=count)
         out.append(entry)
     return out
+
+
+def position_bucket_losses(
+    model: MiniBert,
+    tokens: torch.Tensor,
+    train_len: int,
+    multiples: tuple[int, ...] = (1, 2, 4, 8),
+    *,
+    eval_tokens: int = 16384,
+    batch_size: int = 8,
+    mask_prob: float = 0.15,
+    mask_seed: int = 1234,
+    autocast_dtype: str | None = None,
+) -> list[dict]:
+    """Validation loss by target position, in buckets, all from windows of ``M * train_len``.
+
+    ``M = max(multiples)``; bucket ``k`` holds the targets at positions ``[m_{k-1} L, m_k L)``
+    (``m_{-1} = 0``), e.g. 0-63, 64-127, 128-255, 256-511 for ``L = 64`` and multiples
+    ``(1, 2, 4, 8)``. Every bucket is scored on the same windows (``eval_tokens // (M L)`` of
+    them, spread over ``tokens``; for ``mlm`` masked once with a generator seeded by
+    ``mask_seed``). For ``clm`` bucket 0 is the training length's loss with the training
+    length's context, and a later bucket's rise is what positions past the training length cost
+    (with more context before them). For ``mlm`` every target sees the whole window on both
+    sides, so even bucket 0 meets distances never seen in training: compare its buckets with the
+    loss at the training length (:func:`extrapolation_losses` at multiple 1). A model with a position table (:func:`position_limit`) is scored
+    on the first ``limit`` tokens of each window for the buckets that fit (the same targets;
+    for ``mlm`` its context then stops at the limit) and reports the others
+    ``"not_applicable"``.
+
+    Each entry: ``{"start", "end", "status": "ok", "loss", "tokens"}`` or ``{"start", "end",
+    "status": "not_applicable", "reason"}``.
+    """
+    if not multiples or any(not isinstance(m, int) or m < 1 for m in multiples):
+        raise ValueError(f"multiples must be positive ints, got {multiples}")
+    if list(multiples) != sorted(set(multiples)):
+        raise ValueError(f"multiples must increase, got {multiples}")
+    length = max(multiples) * train_len
+    inputs, targets = spread_windows(tokens, length, max(1, eval_tokens // length))
+    if model.config.objective == "mlm":
+        generator = torch.Generator().manual_seed(mask_seed)
+        inputs, targets = mask_tokens(inputs, generator, mask_prob)
+    limit = position_limit(model)
+    visible = length if limit is None else min(limit, length)
+    losses = _token_losses(
+        model, inputs[:, :visible], targets[:, :visible], batch_size, autocast_dtype
+    )  # [W, visible], NaN where not scored
+    out, start = [], 0
+    for multiple in multiples:
+        end = multiple * train_len
+        entry: dict = {"start": start, "end": end}
+        if end > visible:
+            entry.update(
+                status="not_applicable",
+                reason=f"position table has {limit} rows; positions {start}-{end - 1} are past it",
+            )
+        else:
+            part = losses[:, start:end]
+            scored = ~torch.isnan(part)
+            count = int(scored.sum())
+            loss = float(part[scored].double().sum()) / max(count, 1)
+            entry.update(status="ok", loss=loss, tokens=count)
+        out.append(entry)
+        start = end
+    return out
+
+
+@torch.no_grad()
+def _token_losses(model, inputs, labels, batch_size, autocast_dtype) -> torch.Tensor:
+    """Cross-entropy of every labelled token ``[N, T]`` (float32, NaN where the label is -100)."""
+    device = model_device(model)
+    was_training = model.training
+    model.eval()
+    rows = []
+    for part in batch_slices(inputs.shape[0], batch_size):
+        part_labels = labels[part].to(device)
+        with autocast(device, autocast_dtype):
+            logits = model(inputs[part].to(device)).logits
+        loss = F.cross_entropy(
+            logits.float().transpose(1, 2), part_labels, ignore_index=IGNORE_INDEX, reduction="none"
+        )
+        rows.append(torch.where(part_labels == IGNORE_INDEX, float("nan"), loss).cpu())
+    model.train(was_training)
+    return torch.cat(rows)
 
 
 def peak_memory(device: torch.device) -> dict:

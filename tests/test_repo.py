@@ -43,7 +43,8 @@ def test_pyproject_ships_every_package():
 
 def test_requirements_use_floors_not_pins():
     lines = [
-        line.split("#")[0].split(";")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
+        line.split("#")[0].split(";")[0].strip()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
     ]
     for line in filter(None, lines):
         assert "==" not in line, line

@@ -1,17 +1,22 @@
-"""The closing experiment: the same mini BERT trained once per encoding and objective.
+"""The closing experiment: the same mini BERT trained once per encoding, objective and seed.
 
 ``run_comparison(preset)`` (or ``python -m course_lib.compare``) trains
-:class:`~course_lib.model.MiniBert` for every encoding in :data:`course_lib.encodings.REGISTRY`
-and every objective in ``mlm, clm`` with the same seed, data, steps and optimiser, evaluates each
-model (loss at 1x, 2x and 4x the training length, the word-order and retrieval probes, cost),
-saves one JSON file per run and draws the figures. One idea per module:
+:class:`~course_lib.model.MiniBert` for every sequence encoding in
+:data:`course_lib.encodings.REGISTRY`, the preset's ablations (one module option changed, e.g.
+RSE without its penalty) and every objective in ``mlm, clm``, once per seed, with the same data,
+steps and optimiser; evaluates each model (loss at the training length, by position bucket past
+it, and at 2x and 4x on the same targets; the word-order and retrieval probes; learned values;
+cost); saves one JSON file per run and draws the figures and tables, every one with the spread
+over seeds. One idea per module:
 
 - :mod:`~course_lib.compare.presets`: the presets as data (:data:`PRESETS`: ``gpu``, ``cpu``,
   ``tiny``), :class:`Preset`, :class:`ProbeSpec`, :func:`choose_preset`;
+- :mod:`~course_lib.compare.arms`: what one model of the comparison is, and the ablations;
 - :mod:`~course_lib.compare.runner`: :func:`run_one` and :func:`run_comparison` (resumable),
-  :func:`preset_results`;
+  :func:`preset_results`, :func:`write_report`;
+- :mod:`~course_lib.compare.stats`: spread over seeds, paired differences and their verdicts;
 - :mod:`~course_lib.compare.results`: where results live, :func:`load_results`,
-  :func:`summary_markdown`;
+  :func:`summary_markdown`, README's headline;
 - :mod:`~course_lib.compare.figures`: the figures, one ``plot_*`` function each, coloured by
   each encoding's ``color`` in the registry;
 - :mod:`~course_lib.compare.cli`: :func:`main`, the command line (``__main__`` runs it).
@@ -26,6 +31,7 @@ The committed results of the ``cpu`` preset are in ``figures/compare_cpu/``.
 
 from __future__ import annotations
 
+from course_lib.compare.arms import ABLATIONS, get_arm
 from course_lib.compare.cli import main
 from course_lib.compare.presets import (
     FORMAT_VERSION,
@@ -42,9 +48,11 @@ from course_lib.compare.runner import (
     retrieval_bag_baseline,
     run_comparison,
     run_one,
+    write_report,
 )
 
 __all__ = [
+    "ABLATIONS",
     "FORMAT_VERSION",
     "OBJECTIVES",
     "PRESETS",
@@ -52,6 +60,7 @@ __all__ = [
     "ProbeSpec",
     "choose_preset",
     "default_out_dir",
+    "get_arm",
     "hardware_description",
     "load_results",
     "main",
@@ -60,4 +69,5 @@ __all__ = [
     "run_comparison",
     "run_one",
     "summary_markdown",
+    "write_report",
 ]

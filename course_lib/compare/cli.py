@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from course_lib.compare.arms import ABLATIONS
 from course_lib.compare.presets import PRESETS, choose_preset
-from course_lib.compare.results import default_out_dir, summary_markdown
-from course_lib.compare.runner import run_comparison
+from course_lib.compare.results import default_out_dir, summary_markdown, update_readme_headline
+from course_lib.compare.runner import preset_results, run_comparison, write_report
 from course_lib.distributed import (
     DEFAULT_TIMEOUT_SECONDS,
     MODES,
@@ -53,6 +54,17 @@ def _names(what: str, valid: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
+def _seeds(text: str) -> tuple[int, ...]:
+    """An argparse ``type``: one word of seeds (ints >= 0), split at commas."""
+    try:
+        seeds = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        seeds = ()
+    if not seeds or any(x < 0 for x in seeds):
+        raise argparse.ArgumentTypeError(f"seeds must be integers >= 0, got {text!r}")
+    return seeds
+
+
 class _Flatten(argparse.Action):
     """Store the names of every word of a ``nargs="+"`` option as one tuple, in order, once each."""
 
@@ -62,7 +74,8 @@ class _Flatten(argparse.Action):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m course_lib.compare [--preset cpu] [--encodings rope rse] [--out DIR] ...``
+    """``python -m course_lib.compare [--preset cpu] [--seeds 0 1 2] [--encodings rope rse]
+    [--ablations none] [--out DIR] ...``
 
     Returns the exit status (0); a bad argument exits through ``argparse`` (status 2) with a
     message that lists the valid values."""
@@ -97,12 +110,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"encoding: {', '.join(sequence_encodings())})",
     )
     parser.add_argument(
+        "--ablations",
+        nargs="+",
+        type=_names("ablation", (*(a.name for a in ABLATIONS), "none")),
+        action=_Flatten,
+        metavar="NAME",
+        help="ablations to run too, or 'none' (default: the preset's; the cpu and gpu presets "
+        f"run all of them: {', '.join(a.name for a in ABLATIONS)})",
+    )
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=_seeds,
+        action=_Flatten,
+        metavar="SEED",
+        help="training seeds, one run per seed (default: the preset's; cpu: 0 1 2)",
+    )
+    parser.add_argument(
         "--objectives",
         nargs="+",
         type=_names("objective", OBJECTIVES),
         action=_Flatten,
         metavar="NAME",
         help=f"objectives to run, space- or comma-separated (default: {', '.join(OBJECTIVES)})",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="train nothing: draw the figures and summary.md from the runs saved in the folder "
+        "(and, for the cpu preset's committed folder, README's headline table)",
     )
     parser.add_argument("--force", action="store_true", help="recompute finished runs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -136,6 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     if args.dist_timeout <= 0:
         parser.error(f"--dist-timeout must be > 0, got {args.dist_timeout}")
+    if args.report:
+        out_dir = args.out_dir or default_out_dir(preset.name)
+        for path in write_report(out_dir, preset):
+            print(f"wrote {path}")
+        if preset.name == "cpu" and Path(out_dir).resolve() == default_out_dir("cpu").resolve():
+            print(f"wrote {update_readme_headline(preset_results(out_dir, preset))}")
+        return 0
     processes = None
     if launched():
         processes = start(preset.device, args.parallel or "data", args.dist_timeout)
@@ -150,6 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run_comparison(
             preset,
             encodings=args.encodings,
+            ablations=None
+            if args.ablations is None
+            else tuple(a for a in args.ablations if a != "none"),
+            seeds=args.seeds,
             objectives=args.objectives,
             out_dir=args.out_dir,
             checkpoint_dir=args.checkpoint_dir,

@@ -1,27 +1,33 @@
 """Figures of the encoding comparison (:mod:`course_lib.compare`), drawn from its result dicts.
 
 Each ``plot_*`` function takes the list that :func:`course_lib.compare.load_results` returns,
-draws one figure and returns it; :func:`write_figures` saves them all into a folder. Each
-encoding is drawn in its registry colour (:func:`encoding_color`), the same in every figure of
-the course; a figure shows the encodings that have results and no others.
+draws one figure and returns it; :func:`write_figures` saves them all into a folder. Every figure
+shows the spread over seeds: a mean with the seeds' range (a band or a bar) and, where they fit,
+the seeds themselves as dots. Each encoding is drawn in its registry colour
+(:func:`encoding_color`), the same in every figure of the course; the ablations appear in
+their own figure (:func:`plot_ablations`), as differences from their encoding seed by seed.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from course_lib.compare.arms import ABLATIONS
+from course_lib.compare.stats import by_arm, paired, spread
 from course_lib.encodings import get_encoding
 
 __all__ = [
     "encoding_color",
-    "plot_loss_curves",
-    "plot_extrapolation",
-    "plot_retrieval_by_position",
-    "plot_probe_accuracy",
+    "plot_ablations",
     "plot_cost_table",
+    "plot_loss_curves",
+    "plot_position_buckets",
+    "plot_probe_accuracy",
+    "plot_retrieval_by_position",
     "write_figures",
 ]
 
@@ -38,8 +44,13 @@ def _objectives(results: list[dict]) -> list[str]:
     return [o for o in ("clm", "mlm") if any(r["objective"] == o for r in results)]
 
 
-def _runs(results: list[dict], objective: str) -> list[dict]:
-    return [r for r in results if r["objective"] == objective]
+def _encoding_groups(results: list[dict], objective: str) -> dict[str, list[dict]]:
+    """``{encoding: runs by seed}`` of ``objective``, ablations left out."""
+    return {
+        arm: runs
+        for (o, arm), runs in by_arm(results).items()
+        if o == objective and runs[0]["arm"] == runs[0]["encoding"]
+    }
 
 
 def _axes(count: int, width: float = 4.6, height: float = 3.4):
@@ -47,8 +58,22 @@ def _axes(count: int, width: float = 4.6, height: float = 3.4):
     return fig, list(axes[0])
 
 
+def _figure_legend(fig, axes, title: str | None = None) -> None:
+    """One legend below the panels with every label of every panel, once each (panels may
+    show different encodings: the causal-only ones have no masked-LM runs)."""
+    seen: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    fig.legend(
+        list(seen.values()), list(seen), loc="lower center", ncol=min(8, len(seen)),
+        fontsize=7, title=title, title_fontsize=7, bbox_to_anchor=(0.5, -0.02),
+    )  # fmt: skip
+
+
 def _source_line(results: list[dict]) -> str:
-    return results[0]["label"]
+    seeds = sorted({r["seed"] for r in results})
+    return f"{results[0]['label']}; seeds {', '.join(map(str, seeds))}"
 
 
 def _binned_mean(steps: list[int], values: list[float], bins: int) -> tuple[list, list]:
@@ -62,105 +87,124 @@ def _binned_mean(steps: list[int], values: list[float], bins: int) -> tuple[list
     return xs, ys
 
 
+def _mean_and_range(series: list[list[float]]) -> tuple[list[float], list[float], list[float]]:
+    """Pointwise mean, minimum and maximum of equally long series (one per seed)."""
+    columns = list(zip(*series, strict=True))
+    return (
+        [statistics.fmean(c) for c in columns],
+        [min(c) for c in columns],
+        [max(c) for c in columns],
+    )
+
+
 def plot_loss_curves(results: list[dict], *, show_train: bool = True, train_points: int = 60):
-    """Validation loss (solid) and training loss (faint; the mean of each of ``train_points``
-    groups of steps) against the step, one panel per objective, with the unigram entropy (the
-    loss of a context-free guess) as a dashed line."""
+    """Validation loss against the step (solid: the mean over seeds; band: the seeds' range),
+    training loss faint (the seeds' mean of each of ``train_points`` groups of steps), one
+    panel per objective, with the unigram entropy (a context-free guess) dashed."""
     objectives = _objectives(results)
     fig, axes = _axes(len(objectives))
     for ax, objective in zip(axes, objectives, strict=True):
-        for r in _runs(results, objective):
-            color = encoding_color(r["encoding"])
+        for encoding, runs in _encoding_groups(results, objective).items():
+            color = encoding_color(encoding)
             if show_train:
-                train = r["curves"]["train"]
-                xs, ys = _binned_mean(train["step"], train["loss"], train_points)
-                ax.plot(xs, ys, color=color, alpha=0.3, lw=0.8)
-            val = r["curves"]["val"]
-            ax.plot(val["step"], val["loss"], color=color, lw=1.8, label=r["encoding"])
+                binned = [
+                    _binned_mean(
+                        r["curves"]["train"]["step"], r["curves"]["train"]["loss"], train_points
+                    )
+                    for r in runs
+                ]
+                mean, _, _ = _mean_and_range([ys for _, ys in binned])
+                ax.plot(binned[0][0], mean, color=color, alpha=0.3, lw=0.8)
+            steps = runs[0]["curves"]["val"]["step"]
+            mean, low, high = _mean_and_range([r["curves"]["val"]["loss"] for r in runs])
+            ax.plot(steps, mean, color=color, lw=1.6, label=encoding)
+            ax.fill_between(steps, low, high, color=color, alpha=0.15, lw=0)
         unigram = results[0]["data"]["unigram_entropy_nats"]
         ax.axhline(unigram, color="black", ls="--", lw=0.8, label="unigram")
         ax.set_title(OBJECTIVE_TITLES[objective], fontsize=10)
         ax.set_xlabel("training step")
-        ax.set_ylabel("loss (nats per byte)")
-        ax.set_ylim(top=unigram + 0.6)
+        ax.set_ylabel("validation loss (nats per byte)")
+        ax.set_ylim(top=unigram + 0.3)
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=8, ncol=2)
-    fig.suptitle(f"Learning curves ({_source_line(results)})", fontsize=9)
-    fig.tight_layout()
+    fig.suptitle(f"Learning curves, band = range over seeds ({_source_line(results)})", fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    _figure_legend(fig, axes)
     return fig
 
 
-def plot_extrapolation(results: list[dict]):
-    """Validation loss at 1x, 2x, 4x the training length; an ``x`` at the bottom marks lengths
-    where the encoding is not applicable (past the learned table)."""
+def plot_position_buckets(results: list[dict]):
+    """Loss by target position bucket (the same windows of 8x the training length for every
+    encoding): the mean over seeds, with the seeds' range as error bars; an ``x`` at the bottom
+    marks buckets past the learned table."""
     objectives = _objectives(results)
-    fig, axes = _axes(len(objectives))
+    fig, axes = _axes(len(objectives), width=5.2, height=3.8)
     for ax, objective in zip(axes, objectives, strict=True):
-        runs = _runs(results, objective)
-        for r in runs:
-            color = encoding_color(r["encoding"])
-            ok = [e for e in r["extrapolation"] if e["status"] == "ok"]
-            ax.plot(
-                [e["multiple"] for e in ok],
-                [e["loss"] for e in ok],
-                marker="o",
-                color=color,
-                label=r["encoding"],
-            )
-            missing = [e["multiple"] for e in r["extrapolation"] if e["status"] != "ok"]
+        groups = _encoding_groups(results, objective)
+        buckets = next(iter(groups.values()))[0]["position_buckets"]
+        labels = [f"{b['start']}-{b['end'] - 1}" for b in buckets]
+        for i, (encoding, runs) in enumerate(groups.items()):
+            color = encoding_color(encoding)
+            shift = (i - (len(groups) - 1) / 2) * 0.035
+            xs, means, errors, missing = [], [], [[], []], []
+            for k in range(len(labels)):
+                value = spread(runs, f"bucket{k}")
+                if value is None:
+                    missing.append(k + shift)
+                    continue
+                xs.append(k + shift)
+                means.append(value.mean)
+                errors[0].append(value.mean - value.low)
+                errors[1].append(value.high - value.mean)
+            ax.errorbar(xs, means, yerr=errors, marker="o", ms=3.5, lw=1.3, capsize=2,
+                        color=color, label=encoding)  # fmt: skip
             if missing:
-                ax.plot(missing, [0.02] * len(missing), "x", color=color, ms=8,
+                ax.plot(missing, [0.02] * len(missing), "x", color=color, ms=7,
                         transform=ax.get_xaxis_transform(), clip_on=False)  # fmt: skip
-        multiples = [e["multiple"] for e in runs[0]["extrapolation"]]
-        seq_len = runs[0]["extrapolation"][0]["length"]
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(multiples, [f"{m}x\n({m * seq_len})" for m in multiples])
-        ax.set_xlabel("evaluation length (tokens)")
-        ax.set_ylabel("validation loss (nats per byte)")
-        ax.set_title(f"{OBJECTIVE_TITLES[objective]}: trained at {seq_len}", fontsize=10)
+        train_len = buckets[0]["end"]
+        ax.axvline(0.5, color="black", lw=0.8, ls=":")
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel(f"position of the target (trained at {train_len} tokens)")
+        ax.set_ylabel("loss (nats per byte)")
+        note = "" if objective == "clm" else "; every target sees the whole window"
+        ax.set_title(f"{OBJECTIVE_TITLES[objective]}{note}", fontsize=9)
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=8, ncol=2, title="x = not applicable", title_fontsize=7)
-    fig.suptitle(f"Longer than trained ({_source_line(results)})", fontsize=9)
-    fig.tight_layout()
+    fig.suptitle(f"Loss by position, bars = range over seeds ({_source_line(results)})", fontsize=9)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    _figure_legend(fig, axes, "x at the bottom = not applicable (past the learned table)")
     return fig
 
 
 def plot_retrieval_by_position(results: list[dict]):
-    """Retrieval-probe accuracy against the position of the target in the context, with chance
-    (1 / alphabet) and the position-blind bag-of-symbols baseline."""
+    """Retrieval-probe accuracy against the position of the target in the context (the mean
+    over seeds), with chance (1 / alphabet) and the position-blind bag-of-symbols baseline."""
     if not _has_probe(results, "retrieval"):
         raise ValueError("these results have no retrieval results to plot")
     objectives = _objectives([r for r in results if "retrieval" in r["probes"]])
     fig, axes = _axes(max(1, len(objectives)))
     markers = "osD^vPX*<>"
     for ax, objective in zip(axes, objectives, strict=False):
-        runs = [r for r in _runs(results, objective) if "retrieval" in r["probes"]]
-        for i, r in enumerate(runs):
-            table = r["probes"]["retrieval"]["by_position"]
-            positions = table["position"]
+        groups = {
+            e: [r for r in runs if "retrieval" in r["probes"]]
+            for e, runs in _encoding_groups(results, objective).items()
+        }
+        groups = {e: runs for e, runs in groups.items() if runs}
+        for i, (encoding, runs) in enumerate(groups.items()):
+            tables = [r["probes"]["retrieval"]["by_position"] for r in runs]
+            positions = tables[0]["position"]
+            mean, _, _ = _mean_and_range([t["accuracy"] for t in tables])
             step = min((b - a for a, b in zip(positions, positions[1:], strict=False)), default=1)
             # a small sideways offset per encoding, so lines at the same accuracy stay visible
-            shift = (i - (len(runs) - 1) / 2) * 0.5 * step / max(1, len(runs))
-            ax.plot(
-                [p + shift for p in positions],
-                table["accuracy"],
-                marker=markers[i % len(markers)],
-                ms=3.5,
-                lw=1.2,
-                alpha=0.85,
-                color=encoding_color(r["encoding"]),
-                label=r["encoding"],
-            )
-        if runs:
-            probe = runs[0]["probes"]["retrieval"]
+            shift = (i - (len(groups) - 1) / 2) * 0.5 * step / max(1, len(groups))
+            ax.plot([p + shift for p in positions], mean, marker=markers[i % len(markers)],
+                    ms=3.5, lw=1.2, alpha=0.85, color=encoding_color(encoding), label=encoding)  # fmt: skip
+        if groups:
+            probe = next(iter(groups.values()))[0]["probes"]["retrieval"]
             ax.axhline(probe["chance"], color="black", ls=":", lw=0.8, label="chance")
-            ax.axhline(
-                probe["bag_of_symbols_baseline"], color="black", ls="--", lw=0.8,
-                label="bag of symbols",
-            )  # fmt: skip
+            ax.axhline(probe["bag_of_symbols_baseline"], color="black", ls="--", lw=0.8,
+                       label="bag of symbols")  # fmt: skip
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("position of the target in the context")
-        ax.set_ylabel("accuracy")
+        ax.set_ylabel("accuracy (mean over seeds)")
         ax.set_title(OBJECTIVE_TITLES[objective], fontsize=10)
         ax.grid(alpha=0.3)
     axes[-1].legend(fontsize=7, ncol=2, loc="center right")
@@ -170,44 +214,81 @@ def plot_retrieval_by_position(results: list[dict]):
 
 
 def plot_probe_accuracy(results: list[dict]):
-    """Accuracy of each probe (panels) per encoding, bars grouped by objective, with chance."""
+    """Accuracy of each probe (rows of panels) per encoding and objective: a bar for the mean
+    over seeds, a dot per seed, chance dotted (and the bag-of-symbols floor for retrieval)."""
     if not _has_probe(results, None):
         raise ValueError("these results have no probe results to plot")
-    tasks = [t for t in ("word_order", "retrieval") if any(t in r["probes"] for r in results)]
-    encodings = list(dict.fromkeys(r["encoding"] for r in results))
-    fig, axes = _axes(len(tasks), width=3.4)
-    width = 0.8 / max(1, len(encodings))
-    for ax, task in zip(axes, tasks, strict=True):
-        objectives = _objectives([r for r in results if task in r["probes"]])
-        for i, encoding in enumerate(encodings):
-            heights = []
-            for objective in objectives:
-                run = [
-                    r for r in results if r["objective"] == objective and r["encoding"] == encoding
-                ]
-                heights.append(run[0]["probes"][task]["accuracy"] if run else math.nan)
-            xs = [j + (i - (len(encodings) - 1) / 2) * width for j in range(len(objectives))]
-            ax.bar(xs, heights, width, color=encoding_color(encoding), label=encoding)
-        chance = next(r["probes"][task]["chance"] for r in results if task in r["probes"])
-        ax.axhline(chance, color="black", ls=":", lw=0.8)
-        ax.set_xticks(range(len(objectives)), objectives)
-        ax.set_xlim(-0.6, len(objectives) - 0.4)
+    panels = [
+        (task, objective)
+        for task in ("word_order", "retrieval")
+        for objective in _objectives([r for r in results if task in r["probes"]])
+    ]
+    fig, axes = _axes(len(panels), width=4.4, height=3.3)
+    for ax, (task, objective) in zip(axes, panels, strict=True):
+        groups = _encoding_groups([r for r in results if task in r["probes"]], objective)
+        for i, (encoding, runs) in enumerate(groups.items()):
+            value = spread(runs, task)
+            color = encoding_color(encoding)
+            ax.bar(i, value.mean, 0.7, color=color, alpha=0.75)
+            ax.plot([i] * value.n, list(value.values.values()), "o", color="black", ms=2.5)
+        probe = next(iter(groups.values()))[0]["probes"][task]
+        ax.axhline(probe["chance"], color="black", ls=":", lw=0.8)
+        if "bag_of_symbols_baseline" in probe:
+            ax.axhline(probe["bag_of_symbols_baseline"], color="black", ls="--", lw=0.8)
+        ax.set_xticks(range(len(groups)), list(groups), rotation=60, fontsize=7)
         ax.set_ylim(0, 1.02)
         ax.set_ylabel("accuracy on held-out examples")
-        ax.set_title(f"{task.replace('_', '-')} probe (dotted: chance)", fontsize=10)
+        floor = "; dashed: bag of symbols" if "bag_of_symbols_baseline" in probe else ""
+        ax.set_title(f"{task.replace('_', '-')} · {objective} (dotted: chance{floor})", fontsize=8)
         ax.grid(alpha=0.3, axis="y")
-    axes[-1].legend(fontsize=7, ncol=3)
-    fig.suptitle(f"Probes after a short fine-tune ({_source_line(results)})", fontsize=9)
+    fig.suptitle(
+        f"Probes after a short fine-tune, dots = seeds ({_source_line(results)})", fontsize=9
+    )
+    fig.tight_layout()
+    return fig
+
+
+def plot_ablations(results: list[dict]):
+    """Each ablation minus its own encoding, seed by seed (dots) and their mean (bar), for the
+    validation loss, the loss at the last position bucket and the probes."""
+    metrics = [("val_loss", "val loss"), ("bucket3", "loss at the last bucket"),
+               ("word_order", "word order"), ("retrieval", "retrieval")]  # fmt: skip
+    rows = [
+        (objective, ablation)
+        for objective in _objectives(results)
+        for ablation in ABLATIONS
+        if paired(results, objective, ablation.name, ablation.encoding, "val_loss") is not None
+    ]
+    if not rows:
+        raise ValueError("these results have no ablation with its encoding to compare")
+    fig, axes = _axes(len(metrics), width=3.3, height=0.32 * len(rows) + 1.4)
+    for ax, (name, title) in zip(axes, metrics, strict=True):
+        for y, (objective, ablation) in enumerate(rows):
+            diff = paired(results, objective, ablation.name, ablation.encoding, name)
+            if diff is None:
+                continue
+            color = encoding_color(ablation.encoding)
+            ax.barh(y, diff.spread.mean, 0.6, color=color, alpha=0.5)
+            ax.plot(list(diff.differences.values()), [y] * len(diff.differences), "o",
+                    color="black", ms=2.5)  # fmt: skip
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(range(len(rows)), [f"{o} {a.name}" for o, a in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{title}: ablation - encoding", fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+        if ax is not axes[0]:
+            ax.set_yticklabels([])
+    fig.suptitle(f"Ablations, paired by seed ({_source_line(results)})", fontsize=9)
     fig.tight_layout()
     return fig
 
 
 def plot_cost_table(results: list[dict]):
-    """A table: parameters (total and in position tables), training tokens per second and
-    peak memory of every run."""
+    """A table: parameters (total and in position tables), training tokens per second (mean
+    over seeds) and peak memory of every arm."""
     rows = []
-    for r in results:
-        m = r["metrics"]
+    for (objective, arm), runs in by_arm(results).items():
+        m = runs[0]["metrics"]
         memory = m["peak_memory"]
         mem_text = (
             f"{memory['megabytes']:.0f} MB"
@@ -216,15 +297,15 @@ def plot_cost_table(results: list[dict]):
         )
         rows.append(
             [
-                r["objective"],
-                r["encoding"],
+                objective,
+                arm,
                 f"{m['parameters']['total']:,}",
                 f"{m['parameters']['position_embeddings']:,}",
-                f"{m['tokens_per_second']:,.0f}",
+                f"{spread(runs, 'tokens_per_second').mean:,.0f}",
                 mem_text,
             ]
         )
-    columns = ["objective", "encoding", "parameters", "in position table", "tokens/s", "peak mem"]
+    columns = ["objective", "arm", "parameters", "in position table", "tokens/s", "peak mem"]
     fig, ax = plt.subplots(figsize=(7.2, 0.24 * (len(rows) + 1) + 0.6))
     ax.axis("off")
     # the table fills the axes, so the title above the axes cannot overlap its header
@@ -238,9 +319,10 @@ def plot_cost_table(results: list[dict]):
 
 FIGURES = {
     "loss_curves.png": plot_loss_curves,
-    "extrapolation.png": plot_extrapolation,
+    "position_buckets.png": plot_position_buckets,
     "retrieval_by_position.png": plot_retrieval_by_position,
     "probe_accuracy.png": plot_probe_accuracy,
+    "ablations.png": plot_ablations,
     "cost_table.png": plot_cost_table,
 }
 
@@ -249,9 +331,13 @@ def _has_probe(results: list[dict], task: str | None = None) -> bool:
     return any((task in r["probes"]) if task else r["probes"] for r in results)
 
 
+def _has_ablation(results: list[dict]) -> bool:
+    return any(r["arm"] != r["encoding"] for r in results)
+
+
 def write_figures(results: list[dict], out_dir: str | Path) -> list[Path]:
-    """Draw every figure that has data (the probe figures need probe results) and save it as a
-    PNG in ``out_dir``; return the paths."""
+    """Draw every figure that has data (the probe figures need probe results, the ablation
+    figure an ablation) and save it as a PNG in ``out_dir``; return the paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -259,6 +345,8 @@ def write_figures(results: list[dict], out_dir: str | Path) -> list[Path]:
         if draw is plot_probe_accuracy and not _has_probe(results):
             continue
         if draw is plot_retrieval_by_position and not _has_probe(results, "retrieval"):
+            continue
+        if draw is plot_ablations and not _has_ablation(results):
             continue
         fig = draw(results)
         path = out_dir / name

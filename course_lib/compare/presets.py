@@ -1,19 +1,20 @@
-"""The comparison's presets, as data: model size, training budget, probes and evaluation.
+"""The comparison's presets, as data: model size, training budget, seeds, probes and evaluation.
 
 A :class:`Preset` fixes everything that defines a comparison except which runs it makes; a
 :class:`ProbeSpec` fixes one probe (task, examples, seeds, fine-tuning budget). :data:`PRESETS`:
 
 * ``gpu``: the implementation report's model (hidden 384, 6 layers, 6 heads of 64, sequence
-  256), Triton kernels, bf16 autocast; budget sized for about 15 minutes for the twelve runs of
-  the six original encodings on one H100 (an estimate: the preset has not been timed on a GPU yet).
+  256), Triton kernels, bf16 autocast, three seeds and every ablation. It has never been run
+  (no GPU was available to the course's authors): its budget is a guess, not a measurement.
 * ``cpu``: hidden 64, 2 layers, 4 heads of 16, sequence 64, 300 clm / 600 mlm steps, reference
-  attention, one thread; its twelve committed runs (six encodings, two objectives) took about
-  7 minutes on a 2-core CPU (retrieval probe on clm runs only). Its results are committed in
-  ``figures/compare_cpu/``.
-* ``tiny``: for tests and live demonstrations (seconds per run).
+  attention, one thread per process, three seeds, every ablation (retrieval probe on clm runs
+  only). Its results are committed in ``figures/compare_cpu/``; ``summary.md`` there says how
+  long they took.
+* ``tiny``: for tests and live demonstrations (seconds per run), one seed, no ablation.
 
 :func:`choose_preset` picks one by name (``"auto"`` = ``gpu`` if CUDA is available, else ``cpu``).
-A preset's runs cover every registered encoding unless its ``encodings`` names some.
+A preset's runs cover every registered sequence encoding unless its ``encodings`` names some,
+then its ``ablations`` (:mod:`course_lib.compare.arms`), once per seed in ``seeds``.
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from course_lib.compare.arms import ABLATIONS, get_arm
+from course_lib.compare.results import FORMAT_VERSION
 from course_lib.data import VOCAB_SIZE, ProbeBatch, retrieval_probe, word_order_probe
 from course_lib.model import OBJECTIVES, BertConfig
 from course_lib.registry import sequence_encodings
 from course_lib.train import ProbeConfig, TrainConfig
 
 __all__ = ["FORMAT_VERSION", "OBJECTIVES", "PRESETS", "Preset", "ProbeSpec", "choose_preset"]
-
-#: Version of the result and checkpoint identity; a change makes saved runs count as different.
-FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,21 @@ class ProbeSpec:
     def make(self, split: str) -> ProbeBatch:
         """The :class:`~course_lib.data.ProbeBatch` of ``split`` ("train" or "eval").
 
-        Held-out means unseen: eval examples whose text is also a training example are dropped
-        (word-order pairs go together, as both orders of a pair are in the training set too), so
-        the eval set may be a little smaller than ``eval_examples``."""
+        Held-out means unseen, and each example counts once: eval examples whose text is a
+        training example, or an earlier eval example, are dropped (word-order pairs go
+        together, as both orders of a pair are in the same sets), so the eval set may be smaller
+        than ``eval_examples`` (word order has only 624 distinct pairs)."""
         if split == "train":
             return self._generate(self.train_examples, self.train_seed)
         if split != "eval":
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         seen = set(self._generate(self.train_examples, self.train_seed).texts)
         probe = self._generate(self.eval_examples, self.eval_seed)
-        keep = torch.tensor([text not in seen for text in probe.texts])
+        keep_list = []
+        for text in probe.texts:
+            keep_list.append(text not in seen)
+            seen.add(text)
+        keep = torch.tensor(keep_list)
         return ProbeBatch(
             input_ids=probe.input_ids[keep],
             answer_index=probe.answer_index[keep],
@@ -112,6 +117,10 @@ class Preset:
     mlm_steps: int | None = None  # training steps of the mlm runs (None: train.steps)
     encodings: tuple[str, ...] | None = None  # None: every registered encoding
     objectives: tuple[str, ...] = OBJECTIVES
+    seeds: tuple[int, ...] = (0,)  # one run per seed (the training seed: init and data order)
+    ablations: tuple[str, ...] = ()  # names of course_lib.compare.arms.ABLATIONS to run too
+    bucket_multiples: tuple[int, ...] = (1, 2, 4, 8)  # loss by position bucket, see evaluate
+    bucket_eval_tokens: int = 16384  # tokens scored by position bucket (windows of 8x)
 
     def __post_init__(self) -> None:
         for spec in self.probes:
@@ -129,45 +138,53 @@ class Preset:
         registry's order."""
         return sequence_encodings() if self.encodings is None else tuple(self.encodings)
 
-    def train_config(self, objective: str) -> TrainConfig:
-        """The training budget of ``objective``'s runs (the same for every encoding)."""
-        if objective == "mlm" and self.mlm_steps is not None:
-            return replace(self.train, steps=self.mlm_steps)
-        return self.train
+    def arm_names(self) -> tuple[str, ...]:
+        """The arms a comparison of this preset trains: its encodings, then its ablations."""
+        return (*self.encoding_names(), *self.ablations)
 
-    def model_config(self, encoding: str, objective: str) -> BertConfig:
-        """The model of one run. ``max_position_embeddings`` is the training length, so the
-        learned table really has no rows past it."""
+    def train_config(self, objective: str, seed: int = 0) -> TrainConfig:
+        """The training budget of ``objective``'s runs (the same for every encoding), with the
+        training ``seed`` (model init and data order)."""
+        steps = self.mlm_steps if objective == "mlm" and self.mlm_steps is not None else None
+        return replace(self.train, steps=steps or self.train.steps, seed=seed)
+
+    def model_config(self, arm: str, objective: str) -> BertConfig:
+        """The model of one run of ``arm`` (an encoding, or an ablation of one:
+        :mod:`course_lib.compare.arms`). ``max_position_embeddings`` is the training length, so
+        the learned table really has no rows past it."""
+        spec = get_arm(arm)
         return BertConfig(
             vocab_size=VOCAB_SIZE,
             hidden_size=self.hidden_size,
             num_layers=self.num_layers,
             num_heads=self.num_heads,
             max_position_embeddings=self.train.seq_len,
-            encoding=encoding,
+            encoding=spec.encoding,
+            encoding_options=spec.encoding_options(self.train.seq_len),
             objective=objective,
             dropout=self.dropout,
             backend=self.backend,
         )
 
-    def identity(self, encoding: str, objective: str) -> dict:
+    def identity(self, arm: str, objective: str, seed: int = 0) -> dict:
         """What must match for a saved checkpoint or result to count as this run (JSON types:
         tuples become lists, so it compares equal to what a results file holds). Model options
-        left at None (``encoding_options``) are not part of it, so runs saved before such an
-        option existed keep their identity."""
+        left at None (``encoding_options``) are not part of it."""
         model_config = {
-            k: v
-            for k, v in self.model_config(encoding, objective).to_dict().items()
-            if v is not None
+            k: v for k, v in self.model_config(arm, objective).to_dict().items() if v is not None
         }
         identity = {
             "format_version": FORMAT_VERSION,
             "preset": self.name,
+            "arm": arm,
+            "seed": seed,
             "model_config": model_config,
-            "train_config": asdict(self.train_config(objective)),
+            "train_config": asdict(self.train_config(objective, seed)),
             "probes": [asdict(p) for p in self.probes],
             "length_multiples": list(self.length_multiples),
             "eval_tokens": self.eval_tokens,
+            "bucket_multiples": list(self.bucket_multiples),
+            "bucket_eval_tokens": self.bucket_eval_tokens,
         }
         return json.loads(json.dumps(identity))
 
@@ -213,6 +230,9 @@ PRESETS: dict[str, Preset] = {
         ),
         eval_tokens=65536,
         eval_batch_size=16,
+        seeds=(0, 1, 2),
+        ablations=tuple(a.name for a in ABLATIONS),
+        bucket_eval_tokens=262144,
     ),
     "cpu": Preset(
         name="cpu",
@@ -237,13 +257,17 @@ PRESETS: dict[str, Preset] = {
             checkpoint_every=50,
         ),
         probes=(
-            ProbeSpec("word_order", 512, 256, _probe_config(300, 32, 1e-3)),
+            # eval: every distinct unseen pair drawn from 1024 (about 330 pairs of 624)
+            ProbeSpec("word_order", 512, 2048, _probe_config(300, 32, 1e-3)),
             # The causal models only: it keeps the CPU budget (the gpu preset runs both).
-            ProbeSpec("retrieval", 2048, 512, _probe_config(800, 32, 1e-3), objectives=("clm",)),
+            ProbeSpec("retrieval", 2048, 1024, _probe_config(800, 32, 1e-3), objectives=("clm",)),
         ),
         eval_tokens=8192,
         cpu_threads=1,
         mlm_steps=600,
+        seeds=(0, 1, 2),
+        ablations=tuple(a.name for a in ABLATIONS),
+        bucket_eval_tokens=32768,
     ),
     "tiny": Preset(
         name="tiny",

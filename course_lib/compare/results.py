@@ -9,19 +9,25 @@ has none); :func:`summary_markdown` turns them into the headline table.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-from course_lib.encodings import REGISTRY
+from course_lib.compare.arms import ABLATIONS, arm_names
+from course_lib.compare.stats import by_arm, paired, spread
 from course_lib.model import OBJECTIVES
+
+#: Version of the result and checkpoint identity; a change makes saved runs count as different.
+FORMAT_VERSION = 2
 
 __all__ = [
     "REPO_ROOT",
     "default_out_dir",
     "hardware_label",
     "load_results",
+    "describe_runs",
+    "headline_markdown",
     "run_name",
     "summary_markdown",
+    "update_readme_headline",
 ]
 
 #: The repository root (``course_lib`` is installed from it in editable mode).
@@ -33,9 +39,9 @@ def default_out_dir(preset: str) -> Path:
     return REPO_ROOT / "figures" / f"compare_{preset}"
 
 
-def run_name(objective: str, encoding: str) -> str:
-    """``<objective>_<encoding>``: the stem of a run's result and checkpoint files."""
-    return f"{objective}_{encoding}"
+def run_name(objective: str, arm: str, seed: int = 0) -> str:
+    """``<objective>_<arm>_s<seed>``: the stem of a run's result and checkpoint files."""
+    return f"{objective}_{arm}_s{seed}"
 
 
 def hardware_label(hardware: dict) -> str:
@@ -57,29 +63,160 @@ def hardware_label(hardware: dict) -> str:
 
 
 def load_results(out_dir: str | Path) -> list[dict]:
-    """The result dicts saved in ``out_dir``, ordered by objective, then by encoding in
-    :data:`course_lib.encodings.REGISTRY` order; only the runs that have a results file (an
-    encoding never run has none, and none is made up)."""
+    """The result dicts saved in ``out_dir`` (``*.json`` of this format), ordered by objective,
+    then arm (:func:`course_lib.compare.arms.arm_names` order: the registry's encodings, then
+    the ablations), then seed; only the runs that have a results file (none is made up)."""
     out_dir = Path(out_dir)
+    order = {name: i for i, name in enumerate(arm_names())}
     results = []
-    for objective in OBJECTIVES:
-        for encoding in REGISTRY:
-            path = out_dir / f"{run_name(objective, encoding)}.json"
-            if path.exists():
-                results.append(json.loads(path.read_text(encoding="utf-8")))
+    for path in sorted(out_dir.glob("*.json")):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(result, dict) and result.get("identity", {}).get("format_version") == (
+            FORMAT_VERSION
+        ):
+            results.append(result)
     if not results:
         raise FileNotFoundError(f"no comparison results (*.json) in {out_dir}")
+    results.sort(
+        key=lambda r: (
+            OBJECTIVES.index(r["objective"]),
+            order.get(r["arm"], len(order)),
+            r["arm"],
+            r["seed"],
+        )
+    )
     return results
 
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}f}"
+def _cell(runs: list[dict], name: str, digits: int = 3) -> str:
+    """A table cell: the metric's ``mean ± sd`` over the seeds of ``runs``, or n/a."""
+    value = spread(runs, name)
+    return "n/a" if value is None else value.text(digits)
 
 
-def summary_markdown(results: list[dict]) -> str:
-    """A markdown table of the headline numbers of each run, with a line saying what made them."""
+def _bucket_labels(results: list[dict]) -> list[str]:
+    return [f"{b['start']}-{b['end'] - 1}" for b in results[0]["position_buckets"]]
+
+
+OBJECTIVE_HEADINGS = {
+    "mlm": (
+        "Masked LM",
+        "loss on the 15% masked tokens, with context on both sides (not comparable with the "
+        "causal loss)",
+    ),
+    "clm": ("Causal LM", "loss on every next token; bpb = bits per byte = loss / ln 2"),
+}
+
+
+def _arm_label(arm: str) -> str:
+    return arm if "." not in arm else f"{arm} (ablation)"
+
+
+def _objective_table(results: list[dict], objective: str) -> list[str]:
+    groups = {k: v for k, v in by_arm(results).items() if k[0] == objective}
+    if not groups:
+        return []
+    runs0 = next(iter(groups.values()))
+    buckets = _bucket_labels(runs0)
+    probes = [t for t in ("word_order", "retrieval") if any(t in r["probes"] for r in runs0)]
+    columns = ["arm", "seeds", "params (position)", "val loss"]
+    columns += ["bpb"] if objective == "clm" else []
+    columns += [f"loss at {b}" for b in buckets]
+    columns += [t.replace("_", " ") for t in probes] + ["tokens/s"]
+    title, note = OBJECTIVE_HEADINGS[objective]
+    lines = [
+        f"## {title}",
+        "",
+        f"Each cell: mean ± sample standard deviation over the seeds; {note}. Loss at a..b: the "
+        "same held-out windows, scored by the position of the target (training length "
+        f"{runs0[0]['identity']['train_config']['seq_len']}).",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    for (_, arm), runs in groups.items():
+        params = runs[0]["metrics"]["parameters"]
+        cells = [
+            _arm_label(arm),
+            ", ".join(str(r["seed"]) for r in runs),
+            f"{params['total']:,} ({params['position_embeddings']:,})",
+            _cell(runs, "val_loss"),
+        ]
+        cells += [_cell(runs, "bpb")] if objective == "clm" else []
+        cells += [_cell(runs, f"bucket{k}") for k in range(len(buckets))]
+        cells += [_cell(runs, t, 2) for t in probes]
+        tps = spread(runs, "tokens_per_second")
+        cells.append(f"{tps.mean:,.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _ablation_table(results: list[dict]) -> list[str]:
+    rows = []
+    metrics = ("val_loss", "bucket3", "word_order", "retrieval")
+    for ablation in ABLATIONS:
+        for objective in OBJECTIVES:
+            cells = []
+            for name in metrics:
+                diff = paired(results, objective, ablation.name, ablation.encoding, name)
+                cells.append(
+                    "n/a"
+                    if diff is None
+                    else diff.text(3 if "loss" in name or "bucket" in name else 2)
+                )
+            if all(c == "n/a" for c in cells):
+                continue
+            rows.append(
+                f"| {objective} | {ablation.name} | {ablation.encoding} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    if not rows:
+        return []
+    return [
+        "## Ablations: each against its own encoding, seed by seed",
+        "",
+        "Paired difference (ablation - encoding) per seed: mean [min, max]; a direction is "
+        'called only when every seed agrees, else "within noise".',
+        "",
+        "| objective | ablation | against | val loss | loss at the last bucket | word order | "
+        "retrieval |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def _learned_values(results: list[dict]) -> list[str]:
+    lines = []
+    for (objective, arm), runs in by_arm(results).items():
+        names = sorted(
+            {n for r in runs for layer in r.get("learned_values", {}).values() for n in layer}
+        )
+        for name in names:
+            per_layer = []
+            layers = sorted(runs[0]["learned_values"])
+            for layer in layers:
+                values = [v for r in runs for v in r["learned_values"][layer].get(name, [])]
+                if values:
+                    per_layer.append(f"{layer}: {min(values):.3g} to {max(values):.3g}")
+            lines.append(f"| {objective} | {arm} | {name} | " + "; ".join(per_layer) + " |")
+    if not lines:
+        return []
+    return [
+        "## Learned values at the end of training",
+        "",
+        "Range over heads and seeds (RSE's penalty lambda starts at 0.01, the stick bias at -3).",
+        "",
+        "| objective | arm | value | per layer |",
+        "|---|---|---|---|",
+        *lines,
+        "",
+    ]
+
+
+def describe_runs(results: list[dict]) -> str:
+    """One paragraph: the model, the hardware, the seeds, and how long the runs took."""
     first = results[0]
     train_seconds = sum(r["metrics"]["train_seconds"] for r in results)
     wall_seconds = sum(r["metrics"]["wall_seconds_this_segment"] for r in results)
@@ -89,37 +226,109 @@ def summary_markdown(results: list[dict]) -> str:
         if all(x is not None for x in loads)
         else ""
     )
+    seeds = sorted({r["seed"] for r in results})
+    return (
+        f"Model: {first['preset_description']}. Hardware: {hardware_label(first['hardware'])}. "
+        f"Seeds: {', '.join(map(str, seeds))} (each seeds the initialisation and the order of "
+        "the training data; probe examples and evaluation text are the same for every run). "
+        f"The {len(results)} runs took {wall_seconds / 60:.1f} min of process time in all, of "
+        f"which {train_seconds / 60:.1f} min of training steps, the rest evaluations and "
+        f"probes (a run resumed after an interruption counts its last segment only){load_text}."
+    )
+
+
+def summary_markdown(results: list[dict]) -> str:
+    """The comparison's report: one table per objective (mean ± sd over seeds), the ablations
+    as paired differences, and the learned values, with a paragraph saying what made them."""
+    first = results[0]
     lines = [
         f"# Encoding comparison: {first['preset']} preset",
         "",
-        f"Model: {first['preset_description']}. Hardware: {hardware_label(first['hardware'])}. "
-        f"Time of the {len(results)} runs: {wall_seconds / 60:.1f} min in all, of which "
-        f"{train_seconds / 60:.1f} min of training steps, the rest evaluations and probes "
-        f"(a run resumed after an interruption counts its last segment only){load_text}.",
+        describe_runs(results),
         "",
-        "Loss: nats per byte token on held-out text (MLM: masked tokens only); bpb = bits per byte "
-        f"= loss / ln 2. Unigram baseline: {first['data']['unigram_entropy_nats']:.3f} nats. "
-        '"n/a" past the learned table: it has no rows there. Probe chance: word order 0.5, '
-        f"retrieval {_retrieval_chance(results)}.",
+        f"Loss: nats per byte token on held-out text. Unigram baseline: "
+        f'{first["data"]["unigram_entropy_nats"]:.3f} nats. "n/a" past the learned table: it has '
+        "no rows there. Probe chance: word order 0.5, "
+        f"retrieval {_retrieval_chance(results)}. {_probe_sizes(results)}",
         "",
-        "| objective | encoding | params (position) | val loss | bpb | loss 2x | loss 4x "
-        "| word order | retrieval | tokens/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    for objective in OBJECTIVES:
+        lines += _objective_table(results, objective)
+    lines += _ablation_table(results)
+    lines += _learned_values(results)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def headline_markdown(results: list[dict]) -> str:
+    """README's headline: per objective, each encoding's validation loss, loss at the last
+    position bucket and probe accuracies (mean ± sd over seeds); generated, never typed."""
+    seeds = sorted({r["seed"] for r in results})
+    lines = [
+        f"{first_line(results)} Mean ± standard deviation over seeds {', '.join(map(str, seeds))};"
+        " full tables, ablations and figures in `figures/compare_cpu/summary.md`.",
+        "",
+    ]
+    for objective in OBJECTIVES:
+        groups = {k: v for k, v in by_arm(results).items() if k[0] == objective and "." not in k[1]}
+        if not groups:
+            continue
+        runs0 = next(iter(groups.values()))
+        last = _bucket_labels(runs0)[-1]
+        probes = [t for t in ("word_order", "retrieval") if any(t in r["probes"] for r in runs0)]
+        title, _ = OBJECTIVE_HEADINGS[objective]
+        header = ["encoding", "val loss", f"loss at {last}", *(t.replace("_", " ") for t in probes)]
+        lines += [
+            f"**{title}**",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+        ]
+        for (_, arm), runs in groups.items():
+            cells = [
+                arm,
+                _cell(runs, "val_loss"),
+                _cell(runs, f"bucket{len(_bucket_labels(runs0)) - 1}"),
+            ]
+            cells += [_cell(runs, t, 2) for t in probes]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+README_MARKERS = ("<!-- comparison headline: start -->", "<!-- comparison headline: end -->")
+
+
+def update_readme_headline(results: list[dict], readme: str | Path | None = None) -> Path:
+    """Replace the text between README's :data:`README_MARKERS` by
+    :func:`headline_markdown` of ``results``; returns the README's path."""
+    path = Path(readme) if readme is not None else REPO_ROOT / "README.md"
+    text = path.read_text(encoding="utf-8")
+    start, end = README_MARKERS
+    if start not in text or end not in text:
+        raise ValueError(f"{path} has no {start} ... {end} block to fill")
+    before, rest = text.split(start, 1)
+    _, after = rest.split(end, 1)
+    path.write_text(f"{before}{start}\n{headline_markdown(results)}{end}{after}", encoding="utf-8")
+    return path
+
+
+def first_line(results: list[dict]) -> str:
+    first = results[0]
+    return f"The `{first['preset']}` preset: {first['preset_description']}."
+
+
+def _probe_sizes(results: list[dict]) -> str:
+    sizes = {}
     for r in results:
-        m = r["metrics"]
-        by_multiple = {e["multiple"]: e.get("loss") for e in r["extrapolation"]}
-        params = m["parameters"]
-        lines.append(
-            f"| {r['objective']} | {r['encoding']} "
-            f"| {params['total']:,} ({params['position_embeddings']:,}) "
-            f"| {_fmt(m['final_val_loss'])} | {_fmt(m['final_val_bits_per_byte'])} "
-            f"| {_fmt(by_multiple.get(2))} | {_fmt(by_multiple.get(4))} "
-            f"| {_fmt(r['probes'].get('word_order', {}).get('accuracy'), 2)} "
-            f"| {_fmt(r['probes'].get('retrieval', {}).get('accuracy'), 2)} "
-            f"| {m['tokens_per_second']:,.0f} |"
-        )
-    return "\n".join(lines) + "\n"
+        for task, probe in r["probes"].items():
+            sizes[task] = probe["eval_examples"]
+    if not sizes:
+        return ""
+    text = ", ".join(f"{t.replace('_', ' ')} {n}" for t, n in sizes.items())
+    return (
+        f"Held-out probe examples per run: {text} (binomial standard error of one run's "
+        "accuracy at most 0.5 / sqrt(n); each results file holds its own)."
+    )
 
 
 def _retrieval_chance(results: list[dict]) -> str:

@@ -1,22 +1,26 @@
-"""The comparison runner: train and evaluate one (encoding, objective) run, or all of them.
+"""The comparison runner: train and evaluate one (arm, objective, seed) run, or all of them.
 
-:func:`run_one` trains :class:`~course_lib.model.MiniBert` with the preset's seed, data, steps and
-optimiser (:func:`course_lib.train.train_model`), then evaluates it:
+:func:`run_one` trains :class:`~course_lib.model.MiniBert` with the preset's data, steps and
+optimiser and the run's seed (:func:`course_lib.train.train_model`), then evaluates it:
 
-1. validation loss and bits per byte at the training length, and at 2x and 4x that length
-   (the learned table has exactly ``seq_len`` rows, so past it the JSON says "not_applicable");
+1. validation loss and bits per byte at the training length, and at 2x and 4x that length on
+   the same targets (the learned table has exactly ``seq_len`` rows, so past it the JSON says
+   "not_applicable"); the loss by target position bucket in windows of 8x
+   (:func:`course_lib.evaluate.position_bucket_losses`);
 2. the word-order probe and the positional-retrieval probe of :mod:`course_lib.data`, with the
    protocol of :func:`course_lib.train.probe_finetune`: a seeded fine-tune of a copy of the
-   pretrained model on probe examples (identical examples, order and budget for every encoding)
-   and the accuracy of the answer among its candidates on held-out, unseen examples (a
-   :class:`~course_lib.compare.presets.ProbeSpec` says which objectives a probe runs on);
-3. cost: parameters by part, training tokens per second, peak memory.
+   pretrained model on probe examples (identical examples, order and budget for every run)
+   and the accuracy of the answer among its candidates on held-out, unseen examples, with its
+   binomial standard error (a :class:`~course_lib.compare.presets.ProbeSpec` says which
+   objectives a probe runs on);
+3. the values the encoding's modules report (``reported_values``: RSE's lambda per head);
+4. cost: parameters by part, training tokens per second, peak memory.
 
-Each run writes ``<out_dir>/<objective>_<encoding>.json`` (config, preset, hardware, curves,
-metrics) and keeps a checkpoint in ``<checkpoint_dir>/<objective>_<encoding>.pt`` (model,
+Each run writes ``<out_dir>/<objective>_<arm>_s<seed>.json`` (config, preset, hardware, curves,
+metrics) and keeps a checkpoint in ``<checkpoint_dir>/<objective>_<arm>_s<seed>.pt`` (model,
 optimiser, step, RNG states; the default checkpoint folder ignores itself in git). An interrupted
 comparison resumes where it stopped, mid-run too; a finished run is skipped unless ``force=True``.
-:func:`run_comparison` makes every run of a preset, then writes the figures
+:func:`run_comparison` makes every run of a preset, then :func:`write_report` writes the figures
 (:mod:`course_lib.compare.figures`) and ``summary.md`` into ``out_dir``.
 
 Both take ``processes`` (:class:`course_lib.distributed.Processes`, from ``torchrun``; None by
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import time
@@ -37,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from course_lib.compare.arms import get_arm
 from course_lib.compare.presets import Preset, choose_preset
 from course_lib.compare.results import (
     default_out_dir,
@@ -48,7 +54,7 @@ from course_lib.compare.results import (
 from course_lib.data import ProbeBatch, corpus_source, train_val_split, unigram_entropy
 from course_lib.distributed import Processes, tensor_fingerprint
 from course_lib.encodings import get_encoding
-from course_lib.evaluate import extrapolation_losses, peak_memory
+from course_lib.evaluate import extrapolation_losses, peak_memory, position_bucket_losses
 from course_lib.model import OBJECTIVES, MiniBert
 from course_lib.train import TrainState, probe_finetune, train_model
 
@@ -58,6 +64,7 @@ __all__ = [
     "retrieval_bag_baseline",
     "run_comparison",
     "run_one",
+    "write_report",
 ]
 
 
@@ -122,6 +129,11 @@ def _check_objective(objective: str) -> None:
         raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
 
 
+def _check_seed(seed: object) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"a seed must be an int >= 0, got {seed!r}")
+
+
 class _Data:
     """The token streams, loaded once per comparison."""
 
@@ -147,10 +159,11 @@ def _binned_accuracy(correct: list[bool], positions: list[int]) -> dict:
 
 
 def run_one(
-    encoding: str,
+    arm: str,
     objective: str,
     preset: Preset | str = "auto",
     *,
+    seed: int = 0,
     out_dir: str | Path | None = None,
     checkpoint_dir: str | Path | None = None,
     force: bool = False,
@@ -160,11 +173,13 @@ def run_one(
     data: _Data | None = None,
     processes: Processes | None = None,
 ) -> dict | None:
-    """Train and evaluate one (encoding, objective) run; return its results dict.
+    """Train and evaluate one (arm, objective, seed) run; return its results dict.
 
-    Reads ``<out_dir>/<objective>_<encoding>.json`` instead if it exists and matches this preset
-    (``force=True`` recomputes, deleting the old checkpoint first). Resumes from
-    ``<checkpoint_dir>/<objective>_<encoding>.pt`` if present. With ``stop_after_steps`` the
+    ``arm`` is an encoding's name or an ablation's (:mod:`course_lib.compare.arms`); ``seed``
+    seeds the model's initialisation and the order of its training data (probe examples and
+    evaluation text are the same for every seed). Reads ``<out_dir>/<objective>_<arm>_s<seed>.json``
+    instead if it exists and matches this preset (``force=True`` recomputes, deleting the old
+    checkpoint first). Resumes from ``<checkpoint_dir>/<objective>_<arm>_s<seed>.pt`` if present. With ``stop_after_steps`` the
     training stops there (simulating an interruption), the checkpoint is kept and ``None`` is
     returned; call again without it to finish. On CPU the run uses ``threads`` (default: the
     preset's ``cpu_threads``) torch threads, restored afterwards: the thread count changes the
@@ -178,15 +193,16 @@ def run_one(
     ``"runs"`` mode this process makes the run alone, as without ``processes``; its
     ``hardware`` record says how many processes shared the machine(s).
     """
-    get_encoding(encoding)  # validates the name: a ValueError lists the registered ones
+    get_arm(arm)  # validates the name: a ValueError lists the valid ones
     _check_objective(objective)
+    _check_seed(seed)
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out_dir / "checkpoints"
-    name = run_name(objective, encoding)
+    name = run_name(objective, arm, seed)
     result_path = out_dir / f"{name}.json"
     checkpoint_path = checkpoint_dir / f"{name}.pt"
-    identity = preset.identity(encoding, objective)
+    identity = preset.identity(arm, objective, seed)
     team = processes if processes is not None and processes.mode == "data" else None
 
     def saved_result() -> dict | None:
@@ -214,7 +230,7 @@ def run_one(
     threads = threads if threads is not None else preset.cpu_threads
     with _torch_threads(threads if preset.device == "cpu" else None):
         return _train_and_evaluate(
-            encoding, objective, preset, identity, data, result_path, checkpoint_path,
+            arm, objective, seed, preset, identity, data, result_path, checkpoint_path,
             progress, stop_after_steps, processes,
         )  # fmt: skip
 
@@ -234,8 +250,9 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
 
 
 def _train_and_evaluate(
-    encoding: str,
+    arm: str,
     objective: str,
+    seed: int,
     preset: Preset,
     identity: dict,
     data: _Data,
@@ -245,15 +262,15 @@ def _train_and_evaluate(
     stop_after_steps: int | None,
     processes: Processes | None = None,
 ) -> dict | None:
-    name = run_name(objective, encoding)
+    name = run_name(objective, arm, seed)
     team = processes if processes is not None and processes.mode == "data" else None
     device = torch.device(preset.device) if team is None else team.device
     started = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    train_config = preset.train_config(objective)
+    train_config = preset.train_config(objective, seed)
     torch.manual_seed(train_config.seed)
-    model = MiniBert(preset.model_config(encoding, objective)).to(device)
+    model = MiniBert(preset.model_config(arm, objective)).to(device)
     state = train_model(
         model,
         data.train,
@@ -271,7 +288,7 @@ def _train_and_evaluate(
 
     def evaluate() -> dict:
         return _evaluate_and_save(
-            model, state, device, encoding, objective, preset, identity, data, result_path,
+            model, state, device, arm, objective, seed, preset, identity, data, result_path,
             progress, started, processes,
         )  # fmt: skip
 
@@ -282,8 +299,9 @@ def _evaluate_and_save(
     model: MiniBert,
     state: TrainState,
     device: torch.device,
-    encoding: str,
+    arm: str,
     objective: str,
+    seed: int,
     preset: Preset,
     identity: dict,
     data: _Data,
@@ -293,14 +311,25 @@ def _evaluate_and_save(
     processes: Processes | None,
 ) -> dict:
     """Evaluate the trained ``model`` (extrapolation, probes, cost) and write its results file."""
-    name = run_name(objective, encoding)
-    train_config = preset.train_config(objective)
+    name = run_name(objective, arm, seed)
+    train_config = preset.train_config(objective, seed)
     extrapolation = extrapolation_losses(
         model,
         data.val,
         train_config.seq_len,
         preset.length_multiples,
         eval_tokens=preset.eval_tokens,
+        batch_size=preset.eval_batch_size,
+        mask_prob=train_config.mask_prob,
+        mask_seed=train_config.mask_seed,
+        autocast_dtype=train_config.autocast_dtype,
+    )
+    buckets = position_bucket_losses(
+        model,
+        data.val,
+        train_config.seq_len,
+        preset.bucket_multiples,
+        eval_tokens=preset.bucket_eval_tokens,
         batch_size=preset.eval_batch_size,
         mask_prob=train_config.mask_prob,
         mask_seed=train_config.mask_seed,
@@ -321,8 +350,11 @@ def _evaluate_and_save(
             progress=progress,
             desc=f"{name} {spec.task}",
         )
+        accuracy = outcome["accuracy"]
         entry = {
-            "accuracy": outcome["accuracy"],
+            "accuracy": accuracy,
+            # binomial standard error of this run's accuracy on its eval examples
+            "standard_error": math.sqrt(max(accuracy * (1 - accuracy), 0.0) / len(eval_probe)),
             "chance": spec.chance,
             "eval_examples": len(eval_probe),
             "final_train_loss": outcome["final_train_loss"],
@@ -343,7 +375,9 @@ def _evaluate_and_save(
     result = {
         "identity": identity,
         "run": name,
-        "encoding": encoding,
+        "arm": arm,
+        "encoding": get_arm(arm).encoding,
+        "seed": seed,
         "objective": objective,
         "preset": preset.name,
         "preset_description": preset.description,
@@ -379,7 +413,13 @@ def _evaluate_and_save(
             "parameters": model.parameter_counts(),
         },
         "extrapolation": extrapolation,
+        "position_buckets": buckets,
         "probes": probes,
+        "learned_values": {
+            f"layer{i}": values
+            for i, layer in enumerate(model.layers)
+            if (values := layer.attention.reported_values())
+        },
     }
     _write_result(result_path, result)
     return result
@@ -416,6 +456,8 @@ def run_comparison(
     preset: Preset | str = "auto",
     *,
     encodings: Sequence[str] | None = None,
+    ablations: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
     objectives: Sequence[str] | None = None,
     out_dir: str | Path | None = None,
     checkpoint_dir: str | Path | None = None,
@@ -426,16 +468,18 @@ def run_comparison(
     stop_after_steps: int | None = None,
     processes: Processes | None = None,
 ) -> list[dict]:
-    """Every (objective, encoding) run of ``preset``; returns the results of the finished ones.
+    """Every (seed, objective, arm) run of ``preset``; returns the results of the finished ones.
 
-    ``encodings`` defaults to the preset's (every registered encoding unless the preset names
-    some); each name is checked against :data:`course_lib.encodings.REGISTRY` before anything
-    runs. Runs go objective by objective, encoding by encoding. Finished runs are read back,
-    unfinished ones resumed. Afterwards, if all requested runs finished and ``figures``, draws
-    the figures and ``summary.md`` into ``out_dir`` (default ``figures/compare_<preset>/``) from
-    every run of this preset saved there (:func:`preset_results`), so running one more encoding
-    into a folder adds it to the figures instead of replacing them. ``threads`` overrides the
-    preset's CPU thread count.
+    The arms are ``encodings`` (default: the preset's, i.e. every registered sequence encoding
+    unless the preset names some) and then ``ablations`` (default: the preset's; names from
+    :data:`course_lib.compare.arms.ABLATIONS`), each checked before anything runs; ``seeds``
+    default to the preset's. Runs go seed by seed (so an interrupted comparison has whole seeds),
+    then objective by objective, arm by arm; a causal-only encoding has no masked-LM run.
+    Finished runs are read back, unfinished ones resumed. Afterwards, if all requested runs
+    finished and ``figures``, draws the figures and ``summary.md`` into ``out_dir`` (default
+    ``figures/compare_<preset>/``) from every run of this preset saved there
+    (:func:`preset_results`), so running one more arm or seed into a folder adds it to the
+    figures instead of replacing them. ``threads`` overrides the preset's CPU thread count.
 
     With ``processes`` (every process of a ``torchrun`` launch calls this with the same
     arguments): in ``"data"`` mode the runs go in the same order, each trained by all processes
@@ -445,10 +489,18 @@ def run_comparison(
     draws the figures; every rank returns the results of all finished runs, in the list's order.
     """
     preset = choose_preset(preset) if isinstance(preset, str) else preset
-    encodings = tuple(encodings or preset.encoding_names())
+    arms = (
+        *(encodings if encodings is not None else preset.encoding_names()),
+        *(ablations if ablations is not None else preset.ablations),
+    )
+    seeds = tuple(seeds if seeds is not None else preset.seeds)
     objectives = tuple(objectives or preset.objectives)
-    for encoding in encodings:
-        get_encoding(encoding)  # a ValueError lists the registered ones
+    for arm in arms:
+        get_arm(arm)  # a ValueError lists the valid ones
+    if not arms or not seeds:
+        raise ValueError("a comparison needs at least one arm and one seed")
+    for seed in seeds:
+        _check_seed(seed)
     for objective in objectives:
         _check_objective(objective)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
@@ -465,10 +517,11 @@ def run_comparison(
                 )
     # a causal-only encoding (FoX, CoPE) has no masked-LM run: MiniBert's MLM is bidirectional
     runs = [
-        (o, e)
+        (o, a, seed)
+        for seed in seeds
         for o in objectives
-        for e in encodings
-        if o == "clm" or not get_encoding(e).causal_only
+        for a in arms
+        if o == "clm" or not get_encoding(get_arm(a).encoding).causal_only
     ]
     main = processes is None or processes.is_main
     mine = runs
@@ -482,15 +535,17 @@ def run_comparison(
         desc += f" (rank {processes.rank})"
     bar = tqdm(mine, desc=desc, **({} if show else {"disable": True}))
     try:
-        for objective, encoding in bar:
-            bar.set_postfix(run=run_name(objective, encoding), refresh=True)
-            needs_data = force or not (out_dir / f"{run_name(objective, encoding)}.json").exists()
+        for objective, arm, seed in bar:
+            name = run_name(objective, arm, seed)
+            bar.set_postfix(run=name, refresh=True)
+            needs_data = force or not (out_dir / f"{name}.json").exists()
             if needs_data and data is None:
                 data = _Data()
             result = run_one(
-                encoding,
+                arm,
                 objective,
                 preset,
+                seed=seed,
                 out_dir=out_dir,
                 checkpoint_dir=checkpoint_dir,
                 force=force,
@@ -507,16 +562,26 @@ def run_comparison(
     if processes is not None and processes.mode == "runs":
         results = _gather_runs(processes, runs, results, out_dir)
     if main and figures and results and len(results) == len(runs):
-        from course_lib.compare.figures import write_figures
-
-        saved = preset_results(out_dir, preset)
-        write_figures(saved, out_dir)
-        (out_dir / "summary.md").write_text(summary_markdown(saved), encoding="utf-8")
+        write_report(out_dir, preset)
     return results
 
 
+def write_report(out_dir: str | Path, preset: Preset | str) -> list[Path]:
+    """Draw the figures and write ``summary.md`` in ``out_dir`` from every run of ``preset``
+    saved there (:func:`preset_results`); returns the files written."""
+    from course_lib.compare.figures import write_figures
+
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    out_dir = Path(out_dir)
+    saved = preset_results(out_dir, preset)
+    written = write_figures(saved, out_dir)
+    summary = out_dir / "summary.md"
+    summary.write_text(summary_markdown(saved), encoding="utf-8")
+    return [*written, summary]
+
+
 def _gather_runs(
-    processes: Processes, runs: list[tuple[str, str]], mine: list[dict], out_dir: Path
+    processes: Processes, runs: list[tuple[str, str, int]], mine: list[dict], out_dir: Path
 ) -> list[dict]:
     """``"runs"`` mode: wait for every process to finish its runs (a barrier that names a rank
     that does not arrive within the timeout), collect every rank's results in ``runs`` order,
@@ -528,7 +593,7 @@ def _gather_runs(
     timeout = datetime.timedelta(seconds=processes.timeout_seconds)
     dist.monitored_barrier(group=processes.objects, timeout=timeout, wait_all_ranks=True)
     finished = {r["run"]: r for part in processes.all_gather(mine) for r in part}
-    ordered = [finished[run_name(o, e)] for o, e in runs if run_name(o, e) in finished]
+    ordered = [finished[run_name(*run)] for run in runs if run_name(*run) in finished]
     if processes.is_main:
         for result in ordered:
             path = out_dir / f"{result['run']}.json"
@@ -545,5 +610,5 @@ def preset_results(out_dir: str | Path, preset: Preset | str) -> list[dict]:
     return [
         r
         for r in load_results(out_dir)
-        if r.get("identity") == preset.identity(r["encoding"], r["objective"])
+        if r.get("identity") == preset.identity(r["arm"], r["objective"], r["seed"])
     ]

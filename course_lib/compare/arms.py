@@ -1,0 +1,101 @@
+"""The comparison's arms: what one model of it is (an encoding, and maybe options of its module).
+
+Every registered sequence encoding is an arm of its own name, with its module's defaults. The
+:data:`ABLATIONS` are arms that change one thing of an encoding through its module's options
+(``BertConfig.encoding_options``), each to answer one question the comparison raises; their
+names are ``<encoding>.<change>``. An ablation is data here, not a new encoding: it adds no
+entry to the registry, and its encoding's file already holds the option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from course_lib.registry import get_encoding, sequence_encodings
+
+__all__ = ["ABLATIONS", "Arm", "arm_names", "get_arm"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One model of the comparison: ``encoding`` with ``options(train_len)`` passed to its
+    module (None: the module's defaults). ``question``: what the arm isolates."""
+
+    name: str
+    encoding: str
+    question: str = ""
+    options: Callable[[int], dict] | None = None
+
+    def encoding_options(self, train_len: int) -> dict | None:
+        """The module options of this arm for a model trained on ``train_len`` tokens."""
+        return None if self.options is None else self.options(train_len)
+
+    @property
+    def is_ablation(self) -> bool:
+        return self.name != self.encoding
+
+
+def _dynamic_ntk(train_len: int) -> dict:
+    return {
+        "scaling": {
+            "rope_type": "dynamic",
+            "factor": 1.0,
+            "original_max_position_embeddings": train_len,
+        }
+    }
+
+
+#: Ablations, in the order tables list them.
+ABLATIONS: tuple[Arm, ...] = (
+    Arm(
+        "rope.dynamic",
+        "rope",
+        "RoPE read past its training length with dynamic NTK scaling (notebook 07's best "
+        "zero-shot rule); up to the training length it is plain RoPE, so it trains exactly like it",
+        _dynamic_ntk,
+    ),
+    Arm(
+        "rse.no_penalty",
+        "rse",
+        "RSE without its distance penalty (lambda = 0): RoPE + stick-breaking; what the penalty adds",
+        lambda _: {"penalty_init": 0.0, "learn_penalty": False},
+    ),
+    Arm(
+        "rse.softmax",
+        "rse",
+        "RSE's scores (RoPE + the learned penalty, ALiBi-like) under softmax: what the stick adds",
+        lambda _: {"normaliser": "softmax"},
+    ),
+    Arm(
+        "rse.stick_bias",
+        "rse",
+        "RSE with a learned per-head stick bias starting at -3: every key breaks off a smaller "
+        "share, so the stick reaches farther keys (the fix for the masked-LM word-order probe)",
+        lambda _: {"stick_bias_init": -3.0},
+    ),
+    Arm(
+        "learned.unit_init",
+        "learned",
+        "the learned table started at std 1 (the scale of the states it is added to) instead "
+        "of 0.02",
+        lambda _: {"init_std": 1.0},
+    ),
+)
+
+
+def arm_names() -> tuple[str, ...]:
+    """Every arm: the registered sequence encodings (registry order), then the ablations."""
+    return (*sequence_encodings(), *(a.name for a in ABLATIONS))
+
+
+def get_arm(name: str) -> Arm:
+    """The arm called ``name`` (an encoding's name, or an ablation's); an unknown name raises a
+    ValueError listing the valid ones."""
+    for ablation in ABLATIONS:
+        if ablation.name == name:
+            return ablation
+    if name in sequence_encodings():
+        get_encoding(name)
+        return Arm(name, name)
+    raise ValueError(f"unknown arm {name!r}; valid: {', '.join(arm_names())}")
