@@ -176,11 +176,12 @@ def plot_position_buckets(results: list[dict]):
 
 def plot_retrieval_by_position(results: list[dict]):
     """Retrieval-probe accuracy against the position of the target in the context (the mean
-    over seeds), with chance (1 / alphabet) and the position-blind bag-of-symbols baseline."""
+    over seeds, bars: their range), with chance (1 / alphabet) and the position-blind
+    bag-of-symbols baseline."""
     if not _has_probe(results, "retrieval"):
         raise ValueError("these results have no retrieval results to plot")
     objectives = _objectives([r for r in results if "retrieval" in r["probes"]])
-    fig, axes = _axes(max(1, len(objectives)))
+    fig, axes = _axes(max(1, len(objectives)), width=6.4, height=3.8)
     markers = "osD^vPX*<>"
     for ax, objective in zip(axes, objectives, strict=False):
         groups = {
@@ -191,12 +192,15 @@ def plot_retrieval_by_position(results: list[dict]):
         for i, (encoding, runs) in enumerate(groups.items()):
             tables = [r["probes"]["retrieval"]["by_position"] for r in runs]
             positions = tables[0]["position"]
-            mean, _, _ = _mean_and_range([t["accuracy"] for t in tables])
+            mean, low, high = _mean_and_range([t["accuracy"] for t in tables])
             step = min((b - a for a, b in zip(positions, positions[1:], strict=False)), default=1)
             # a small sideways offset per encoding, so lines at the same accuracy stay visible
             shift = (i - (len(groups) - 1) / 2) * 0.5 * step / max(1, len(groups))
-            ax.plot([p + shift for p in positions], mean, marker=markers[i % len(markers)],
-                    ms=3.5, lw=1.2, alpha=0.85, color=encoding_color(encoding), label=encoding)  # fmt: skip
+            xs = [p + shift for p in positions]
+            errors = [[m - lo for m, lo in zip(mean, low, strict=True)],
+                      [hi - m for m, hi in zip(mean, high, strict=True)]]  # fmt: skip
+            ax.errorbar(xs, mean, yerr=errors, marker=markers[i % len(markers)], ms=3.5, lw=1.2,
+                        capsize=1.5, alpha=0.85, color=encoding_color(encoding), label=encoding)  # fmt: skip
         if groups:
             probe = next(iter(groups.values()))[0]["probes"]["retrieval"]
             ax.axhline(probe["chance"], color="black", ls=":", lw=0.8, label="chance")
@@ -204,10 +208,10 @@ def plot_retrieval_by_position(results: list[dict]):
                        label="bag of symbols")  # fmt: skip
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("position of the target in the context")
-        ax.set_ylabel("accuracy (mean over seeds)")
+        ax.set_ylabel("accuracy (mean, range over seeds)")
         ax.set_title(OBJECTIVE_TITLES[objective], fontsize=10)
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, ncol=2, loc="center right")
+    axes[-1].legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"Retrieval probe by target position ({_source_line(results)})", fontsize=9)
     fig.tight_layout()
     return fig
@@ -283,9 +287,14 @@ def plot_ablations(results: list[dict]):
     return fig
 
 
+def _tokens_per_second(runs: list[dict]) -> str:
+    value = spread(runs, "tokens_per_second")
+    return f"{value.mean:,.0f}" + (f" ± {value.sd:,.0f}" if value.n > 1 else "")
+
+
 def plot_cost_table(results: list[dict]):
-    """A table: parameters (total and in position tables), training tokens per second (mean
-    over seeds) and peak memory of every arm."""
+    """A table: parameters (total and in position tables), training tokens per second (mean ±
+    sd over seeds) and peak memory of every arm."""
     rows = []
     for (objective, arm), runs in by_arm(results).items():
         m = runs[0]["metrics"]
@@ -301,7 +310,7 @@ def plot_cost_table(results: list[dict]):
                 arm,
                 f"{m['parameters']['total']:,}",
                 f"{m['parameters']['position_embeddings']:,}",
-                f"{spread(runs, 'tokens_per_second').mean:,.0f}",
+                _tokens_per_second(runs),
                 mem_text,
             ]
         )

@@ -146,7 +146,7 @@ def _objective_table(results: list[dict], objective: str) -> list[str]:
         cells += [_cell(runs, f"bucket{k}") for k in range(len(buckets))]
         cells += [_cell(runs, t, 2) for t in probes]
         tps = spread(runs, "tokens_per_second")
-        cells.append(f"{tps.mean:,.0f}")
+        cells.append(f"{tps.mean:,.0f}" + (f" ± {tps.sd:,.0f}" if tps.n > 1 else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
