@@ -127,10 +127,10 @@ def test_two_processes_end_where_one_ends_and_write_one_file(reference, tmp_path
         )
     )
     assert out.count("finished run(s)") == 1  # rank 0 alone reports
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["clm_none.json"]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["clm_none.pt"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["clm_none_s0.json"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["clm_none_s0.pt"]
     assert not list(tmp_path.rglob("*.tmp"))
-    result = json.loads((tmp_path / "clm_none.json").read_text())
+    result = json.loads((tmp_path / "clm_none_s0.json").read_text())
     assert result["identity"] == TINY.identity("none", "clm")  # comparable to one process
     hardware = result["hardware"]
     assert (hardware["processes"], hardware["parallel_mode"]) == (2, "data")
@@ -155,13 +155,13 @@ def test_a_run_resumes_with_more_processes_than_wrote_its_checkpoint(tmp_path):
     # The uninterrupted curve of one process: 30 of the 100 steps of the tiny mlm run (its
     # shards hold different numbers of masked targets).
     run_one("none", "mlm", TINY, out_dir=tmp_path / "one", progress=False, stop_after_steps=30)
-    expected = load_checkpoint(tmp_path / "one" / "checkpoints" / "mlm_none.pt")
+    expected = load_checkpoint(tmp_path / "one" / "checkpoints" / "mlm_none_s0.pt")
     mixed = tmp_path / "mixed"
     run_one("none", "mlm", TINY, out_dir=mixed, progress=False, stop_after_steps=20)  # 1: 1-20
     args = ["--preset", "tiny", "--encodings", "none", "--objectives", "mlm", "--out", str(mixed)]
     _check(_torchrun([*args, "--stop-after-steps", "30"]))  # 2 processes: steps 21-30
     assert not list(mixed.glob("*.json"))
-    saved = load_checkpoint(mixed / "checkpoints" / "mlm_none.pt")
+    saved = load_checkpoint(mixed / "checkpoints" / "mlm_none_s0.pt")
     state = saved["state"]
     assert (state["step"], state["segments"], state["processes"]) == (30, 2, [1, 2])
     ours, theirs = state["train_curve"], expected["state"]["train_curve"]
@@ -187,12 +187,12 @@ def test_runs_mode_gives_each_process_whole_runs_equal_to_one_process(reference,
         )
     )
     names = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
-    assert names == ["clm_none.pt", "clm_rope.pt"]
+    assert names == ["clm_none_s0.pt", "clm_rope_s0.pt"]
     for name in names:
         state = load_checkpoint(tmp_path / "checkpoints" / name)["state"]
         assert (state["step"], state["processes"]) == (30, [1])  # one process each
     # A run of its own on one thread: exactly the numbers of one process.
-    curve = load_checkpoint(tmp_path / "checkpoints" / "clm_none.pt")["state"]["train_curve"]
+    curve = load_checkpoint(tmp_path / "checkpoints" / "clm_none_s0.pt")["state"]["train_curve"]
     assert curve["loss"] == reference["curves"]["train"]["loss"][:30]
 
 
@@ -252,14 +252,15 @@ def _wait(launch: subprocess.Popen, seconds: float) -> int:
 
 
 # The cpu preset's mlm run (600 steps) is still training when its first checkpoint appears.
-LONG_RUN = ["--preset", "cpu", "--encodings", "none", "--objectives", "mlm", "--no-figures"]
+LONG_RUN = ["--preset", "cpu", "--encodings", "none", "--ablations", "none", "--seeds", "0"]
+LONG_RUN += ["--objectives", "mlm", "--no-figures"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers in /proc")
 def test_a_killed_process_fails_the_run_with_a_report_instead_of_hanging(tmp_path):
     log = tmp_path / "log.txt"
     launch, workers = _launch_and_wait_for_training(
-        [*LONG_RUN, "--out", str(tmp_path)], log, tmp_path / "checkpoints" / "mlm_none.pt"
+        [*LONG_RUN, "--out", str(tmp_path)], log, tmp_path / "checkpoints" / "mlm_none_s0.pt"
     )
     os.kill(workers[1], signal.SIGKILL)
     killed = time.monotonic()
@@ -271,11 +272,11 @@ def test_a_killed_process_fails_the_run_with_a_report_instead_of_hanging(tmp_pat
     assert "Root Cause" in text and "rank      : 1" in text and "SIGKILL" in text, text[-3000:]
     assert not list(tmp_path.glob("*.json"))
     # The checkpoint the 2 processes left resumes in one process (the command run again).
-    step = load_checkpoint(tmp_path / "checkpoints" / "mlm_none.pt")["state"]["step"]
+    step = load_checkpoint(tmp_path / "checkpoints" / "mlm_none_s0.pt")["state"]["step"]
     assert step >= 50
     cpu = PRESETS["cpu"]
     run_one("none", "mlm", cpu, out_dir=tmp_path, progress=False, stop_after_steps=step + 2)
-    state = load_checkpoint(tmp_path / "checkpoints" / "mlm_none.pt")["state"]
+    state = load_checkpoint(tmp_path / "checkpoints" / "mlm_none_s0.pt")["state"]
     assert (state["step"], state["processes"]) == (step + 2, [2, 1])
 
 
@@ -286,7 +287,7 @@ def test_a_stalled_process_fails_the_run_after_the_timeout(tmp_path):
     launch, workers = _launch_and_wait_for_training(
         [*LONG_RUN, "--out", str(tmp_path), "--dist-timeout", str(timeout)],
         log,
-        tmp_path / "checkpoints" / "mlm_none.pt",
+        tmp_path / "checkpoints" / "mlm_none_s0.pt",
     )
     os.kill(workers[1], signal.SIGSTOP)  # alive, so torchrun sees nothing wrong, but silent
     stalled = time.monotonic()
@@ -314,7 +315,7 @@ def test_without_torchrun_no_process_group_is_created(tmp_path, monkeypatch, cap
     assert main([*args, "--parallel", "runs"]) == 0
     assert not dist.is_initialized()
     assert "one process" in capsys.readouterr().err
-    state = load_checkpoint(tmp_path / "checkpoints" / "clm_none.pt")["state"]
+    state = load_checkpoint(tmp_path / "checkpoints" / "clm_none_s0.pt")["state"]
     assert (state["step"], state["processes"]) == (2, [1])
 
 
