@@ -16,26 +16,38 @@ with key ``j`` allowed iff it is a real token and (not causal or ``j <= i``).
   ``x'_1 = g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``x'_2 = g_2 (x_1 sin[s, t] + x_2 cos[s, t])``
   (``g``: the optional per-channel ``gain``, ``HAS_GAIN``). Without tables ``q' = q``.
 * ``b_ij``: a score-bias hook (:mod:`.score_bias`) passed in as the constexpr ``BIAS_FN``, or
-  None (no bias, no position loads).
+  None (no bias, no position loads). A hook with a factor form (``BIAS_FACTOR``; ExpoSB's, whose
+  ``e^b`` lies in ``[0.7, 1]``) passes that instead: the weights are multiplied by ``e^b_ij``
+  (``e^(s + b) = e^s e^b``) rather than ``b`` added to the logits, which spares the inner loops a
+  logarithm per pair; the running maximum is then that of the scores alone, which bounds the
+  weights as ``e^b <= 1``.
 
 Design:
 
 * Online softmax over key blocks (Dao et al., FlashAttention-2): memory is O(seq), the
   ``seq x seq`` matrix never exists. Work is in base 2 (``exp2``; hooks return their bias times
-  ``log2 e``), accumulation in fp32. The forward stores the per-row log-sum-exp (base 2) for
-  the backward.
+  ``log2 e``), accumulation in fp32. The scale is not applied to the score tile: it goes into
+  the multiply-add that forms the exponent (``exp2(s * c - m)``; without a bias the forward takes
+  the row maximum of the unscaled scores, so ``c >= 0`` and the scale's sign is put into q once).
+  The forward stores the per-row log-sum-exp (base 2) for the backward.
 * The tables are applied to each loaded q/k tile inside the kernels, in fp32; no transformed
-  copy of q or k is ever written. A tile is loaded as its two pair halves, ``x_1`` (channels
-  ``2t`` or ``t``) and ``x_2`` (channels ``2t+1`` or ``t + D/2``), so the transform is
-  elementwise and ``q' . k'`` is two ``tl.dot`` over half the channels; gradients are stored back
-  through the transposed transform the same way. cos/sin come precomputed from the caller, so the
-  inner loops spend no time on transcendental functions.
+  copy of q or k is ever written. A tile is split into its two pair halves, ``x_1`` (channels
+  ``2t`` or ``t``) and ``x_2`` (channels ``2t+1`` or ``t + D/2``; interleaved pairs are loaded as
+  whole rows and split in registers), so the transform is elementwise and ``q' . k'`` is two
+  ``tl.dot`` over half the channels; gradients are stored back through the transposed transform
+  the same way. cos/sin come precomputed from the caller, so the inner loops spend no time on
+  transcendental functions. Without tables a 16-bit tile is loaded whole and ``q . k`` is one
+  ``tl.dot`` (fp32 keeps the halves: its CUDA-core products need fewer registers that way).
 * Backward, deterministic, no atomics: a pre-pass computes ``delta_i = rowsum(dO_i * O_i)``; one
   kernel walks the query blocks for each key block (dK, dV, and the score bias's parameter
   gradient from ``dS``, as per-program partial sums reduced with torch after the launch),
   another walks the key blocks for each query block (dQ). Gradients w.r.t. ``q'``/``k'`` are
   mapped back to ``q``/``k`` with the transpose of the transform: ``dq = R^T (g * dq')``.
-* Causal: key blocks entirely above the diagonal are skipped. Tails are masked.
+* Two loops per kernel: the tiles every pair of which is allowed (below the causal diagonal, or
+  any whole tile when bidirectional) run a loop with no causal mask, no bounds checks and no
+  index clamping (a key-padding mask still applies); the diagonal band of a causal mask and the
+  ragged last tile run the same body with them. Key blocks entirely above the diagonal are
+  skipped.
 """
 
 from __future__ import annotations
@@ -92,10 +104,16 @@ def _pair_channels(HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, HALF_LAYOUT: 
 
 
 @triton.jit
-def _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM: tl.constexpr):
-    """Load a ``[rows, HEAD_DIM]`` tile of a ``[seq, HEAD_DIM]`` matrix (tail rows 0)."""
+def _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM: tl.constexpr,
+               BOUNDS: tl.constexpr):  # fmt: skip
+    """Load a ``[rows, HEAD_DIM]`` tile of a ``[seq, HEAD_DIM]`` matrix (with ``BOUNDS``, rows
+    past the end are 0; without, every row must exist)."""
     ptrs = base + offs_row[:, None] * stride_s + tl.arange(0, HEAD_DIM)[None, :] * stride_d
-    return tl.load(ptrs, mask=row_valid[:, None], other=0.0)
+    if BOUNDS:
+        x = tl.load(ptrs, mask=row_valid[:, None], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
 
 
 @triton.jit
@@ -114,32 +132,57 @@ def _load_encoded(
     gain_first,
     gain_second,
     HEAD_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
+    BOUNDS: tl.constexpr,
 ):
-    """Load a q or k tile as its pair halves ``(x'_1, x'_2)``, each ``[rows, HALF_PAD]``.
+    """Load a q or k tile for ``q' . k'``: with ``PAIR_HALVES`` (always with tables), its pair
+    halves ``(x'_1, x'_2)``, each ``[rows, HALF_PAD]``; without, the whole ``[rows, HEAD_DIM]``
+    tile, twice.
 
     With tables: ``x'_1 = x_1 cos - x_2 sin``, ``x'_2 = x_1 sin + x_2 cos`` (fp32), times the
-    gain if ``HAS_GAIN``, cast back to the input dtype; without: the halves as loaded. Then
-    ``q' . k' = q'_1 . k'_1 + q'_2 . k'_2``.
+    gain if ``HAS_GAIN``, cast back to the input dtype; then ``q' . k' = q'_1 . k'_1 + q'_2 .
+    k'_2``. Rows past the end are 0 with ``BOUNDS``; without it every row must exist.
     """
-    mask = row_valid[:, None] & pair_valid[None, :]
-    row_ptrs = base + offs_row[:, None] * stride_s
-    x1 = tl.load(row_ptrs + first[None, :] * stride_d, mask=mask, other=0.0)
-    x2 = tl.load(row_ptrs + second[None, :] * stride_d, mask=mask, other=0.0)
-    if HAS_TABLES:
-        table = offs_row[:, None] * (HEAD_DIM // 2) + t[None, :]
-        cos = tl.load(COS + table, mask=mask, other=0.0)
-        sin = tl.load(SIN + table, mask=mask, other=0.0)
-        x1f = x1.to(tl.float32)
-        x2f = x2.to(tl.float32)
-        y1 = x1f * cos - x2f * sin
-        y2 = x1f * sin + x2f * cos
-        if HAS_GAIN:
-            y1 = y1 * gain_first[None, :]
-            y2 = y2 * gain_second[None, :]
-        x1 = y1.to(x1.dtype)
-        x2 = y2.to(x2.dtype)
+    if PAIR_HALVES:
+        row_ptrs = base + offs_row[:, None] * stride_s
+        if BOUNDS:
+            mask = row_valid[:, None] & pair_valid[None, :]
+        else:  # (head_dim 16: pairs padded to tl.dot's minimum width)
+            mask = (offs_row >= 0)[:, None] & pair_valid[None, :]
+        if HALF_PAD != HEAD_DIM // 2:
+            x1 = tl.load(row_ptrs + first[None, :] * stride_d, mask=mask, other=0.0)
+            x2 = tl.load(row_ptrs + second[None, :] * stride_d, mask=mask, other=0.0)
+        elif HALF_LAYOUT:
+            x1 = _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM // 2, BOUNDS)
+            x2 = _load_rows(base + (HEAD_DIM // 2) * stride_d, offs_row, row_valid, stride_s,
+                            stride_d, HEAD_DIM // 2, BOUNDS)  # fmt: skip
+        else:  # interleaved pairs: one contiguous load, split in registers
+            x = _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM, BOUNDS)
+            x1, x2 = tl.split(tl.reshape(x, [offs_row.shape[0], HEAD_DIM // 2, 2]))
+        if HAS_TABLES:
+            table = offs_row[:, None] * (HEAD_DIM // 2) + t[None, :]
+            if BOUNDS or HALF_PAD != HEAD_DIM // 2:
+                cos = tl.load(COS + table, mask=mask, other=0.0)
+                sin = tl.load(SIN + table, mask=mask, other=0.0)
+            else:
+                cos = tl.load(COS + table)
+                sin = tl.load(SIN + table)
+            x1f = x1.to(tl.float32)
+            x2f = x2.to(tl.float32)
+            y1 = x1f * cos - x2f * sin
+            y2 = x1f * sin + x2f * cos
+            if HAS_GAIN:
+                y1 = y1 * gain_first[None, :]
+                y2 = y2 * gain_second[None, :]
+            x1 = y1.to(x1.dtype)
+            x2 = y2.to(x2.dtype)
+    else:
+        x1 = _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM, BOUNDS)
+        x2 = x1
     return x1, x2
 
 
@@ -159,31 +202,37 @@ def _store_decoded(
     gain_first,
     gain_second,
     HEAD_DIM: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
 ):
     """Store the gradient w.r.t. x (a contiguous ``[seq, HEAD_DIM]`` matrix) given the fp32
-    gradients w.r.t. the halves of ``x'``.
+    gradient w.r.t. ``x'``: its pair halves ``dy1``, ``dy2`` with ``PAIR_HALVES``, the whole
+    tile ``dy1`` without.
 
     The transpose of :func:`_load_encoded`: ``dx_1 = cos g_1 dy_1 + sin g_2 dy_2``,
     ``dx_2 = -sin g_1 dy_1 + cos g_2 dy_2`` (``g = 1`` without a gain).
     """
-    mask = row_valid[:, None] & pair_valid[None, :]
-    if HAS_TABLES:
-        if HAS_GAIN:
-            dy1 = dy1 * gain_first[None, :]
-            dy2 = dy2 * gain_second[None, :]
-        table = offs_row[:, None] * (HEAD_DIM // 2) + t[None, :]
-        cos = tl.load(COS + table, mask=mask, other=0.0)
-        sin = tl.load(SIN + table, mask=mask, other=0.0)
-        dx1 = dy1 * cos + dy2 * sin
-        dx2 = dy2 * cos - dy1 * sin
+    if PAIR_HALVES:
+        mask = row_valid[:, None] & pair_valid[None, :]
+        if HAS_TABLES:
+            if HAS_GAIN:
+                dy1 = dy1 * gain_first[None, :]
+                dy2 = dy2 * gain_second[None, :]
+            table = offs_row[:, None] * (HEAD_DIM // 2) + t[None, :]
+            cos = tl.load(COS + table, mask=mask, other=0.0)
+            sin = tl.load(SIN + table, mask=mask, other=0.0)
+            dx1 = dy1 * cos + dy2 * sin
+            dx2 = dy2 * cos - dy1 * sin
+        else:
+            dx1 = dy1
+            dx2 = dy2
+        row_ptrs = base + offs_row[:, None] * HEAD_DIM
+        tl.store(row_ptrs + first[None, :], dx1.to(base.dtype.element_ty), mask=mask)
+        tl.store(row_ptrs + second[None, :], dx2.to(base.dtype.element_ty), mask=mask)
     else:
-        dx1 = dy1
-        dx2 = dy2
-    row_ptrs = base + offs_row[:, None] * HEAD_DIM
-    tl.store(row_ptrs + first[None, :], dx1.to(base.dtype.element_ty), mask=mask)
-    tl.store(row_ptrs + second[None, :], dx2.to(base.dtype.element_ty), mask=mask)
+        ptrs = base + offs_row[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+        tl.store(ptrs, dy1.to(base.dtype.element_ty), mask=row_valid[:, None])
 
 
 @triton.jit
@@ -198,9 +247,207 @@ def _pair_gains(GAIN, first, second, pair_valid, HAS_GAIN: tl.constexpr):
     return gain_1, gain_2
 
 
+@triton.jit
+def _scores(q1, q2, k1, k2, PAIR_HALVES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``q' . k'`` of two tiles from :func:`_load_encoded` (rows of the first by rows of the
+    second), unscaled, fp32."""
+    s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PRECISION)
+    if PAIR_HALVES:
+        s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
+    return s
+
+
+@triton.jit
+def _key_tile(
+    q1,
+    q2,
+    K,
+    V,
+    POS,
+    COS,
+    SIN,
+    BIAS,
+    stride_ks,
+    stride_kd,
+    stride_vs,
+    stride_vd,
+    offs_n,
+    col_valid,
+    row_idx,
+    row_pos,
+    t,
+    pair_valid,
+    first,
+    second,
+    gain_1,
+    gain_2,
+    seq_len,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    BIAS_FACTOR: tl.constexpr,
+    BIAS_OPTIONS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Load the key block ``offs_n`` (``k'`` as from :func:`_load_encoded`, and ``v``) and score
+    the query tile against it: ``s = q' . k'`` unscaled without an additive hook, the base-2
+    logit ``qk_scale_log2 * q' . k' + b`` with one; ``f`` = the hook's factor ``e^b`` with
+    ``BIAS_FACTOR``, else 1. ``[BLOCK_M, BLOCK_N]`` fp32; no mask applied
+    (:func:`_keep_allowed`). With ``MASKED``, bounded loads."""
+    k1, k2 = _load_encoded(
+        K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
+        gain_1, gain_2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
+        MASKED,
+    )  # fmt: skip
+    v_ptrs = V + offs_n[:, None] * stride_vs + tl.arange(0, HEAD_DIM)[None, :] * stride_vd
+    if MASKED:
+        v = tl.load(v_ptrs, mask=col_valid[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    s = _scores(q1, q2, k1, k2, PAIR_HALVES, DOT_PRECISION)
+    f = 1.0
+    if BIAS_FN is not None:  # the score-bias hook: in base 2, or as a factor
+        if MASKED:
+            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0.0)
+            col_idx = tl.minimum(offs_n, seq_len - 1)
+        else:
+            pos_n = tl.load(POS + offs_n)
+            col_idx = offs_n
+        if BIAS_FACTOR:
+            f = BIAS_FN(row_idx, col_idx[None, :], row_pos, pos_n[None, :], BIAS, BIAS_OPTIONS)
+        else:
+            bias = BIAS_FN(row_idx, col_idx[None, :], row_pos, pos_n[None, :], BIAS, True,
+                           BIAS_OPTIONS)  # fmt: skip
+            s = s * qk_scale_log2 + bias
+    return k1, k2, v, s, f
+
+
+@triton.jit
+def _keep_allowed(x, fill, offs_m, offs_n, col_valid, KPM, CAUSAL: tl.constexpr,
+                  HAS_MASK: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """``x`` (``[BLOCK_M, BLOCK_N]``) where key ``offs_n`` is allowed for query ``offs_m``,
+    ``fill`` elsewhere. Without ``MASKED`` only the key-padding mask (if any) applies; with it,
+    also the causal mask (causal) or the sequence end (bidirectional). A valid row sees no key
+    past the end under the causal mask; tail rows are never stored."""
+    if MASKED:
+        if CAUSAL:
+            allowed = offs_m[:, None] >= offs_n[None, :]
+        else:
+            allowed = col_valid[None, :]
+        if HAS_MASK:
+            real = tl.load(KPM + offs_n, mask=col_valid, other=0) != 0
+            allowed = allowed & real[None, :]
+        x = tl.where(allowed, x, fill)
+    elif HAS_MASK:
+        x = tl.where((tl.load(KPM + offs_n) != 0)[None, :], x, fill)
+    return x
+
+
 # --------------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------------
+#
+# Each kernel walks its tiles in two loops: the tiles every (query, key) pair of which is
+# allowed (below the causal diagonal, and the loop's side of the tile inside the sequence) run a
+# loop with no mask, no bounds and no clamping (only a key-padding mask, if given, still
+# applies); the others (the diagonal band of a causal mask, the ragged last tile) run the same
+# body with the masks. The unmasked loop comes first in the code (the report's static model
+# reads the loops in that order). Rows of the program's own block past the end are computed
+# like the others and never stored.
+
+
+@triton.jit
+def _fwd_tiles(
+    acc,
+    l_i,
+    m_i,
+    q1,
+    q2,
+    K,
+    V,
+    POS,
+    KPM,
+    COS,
+    SIN,
+    BIAS,
+    stride_ks,
+    stride_kd,
+    stride_vs,
+    stride_vd,
+    offs_m,
+    row_idx,
+    row_pos,
+    t,
+    pair_valid,
+    first,
+    second,
+    gain_1,
+    gain_2,
+    seq_len,
+    qk_scale_log2,
+    lo,
+    hi,
+    HEAD_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    BIAS_FACTOR: tl.constexpr,
+    BIAS_OPTIONS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Online softmax over the key blocks starting at ``lo, lo + BLOCK_N, ... < hi``.
+
+    ``qk_scale_log2 >= 0`` (the sign of the scale is in q): without a bias the row maximum is
+    taken on the unscaled scores and the scale goes into the exponent's multiply-add. With
+    ``MASKED``: the causal mask (causal) or the sequence end (bidirectional), bounded loads.
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_valid = offs_n < seq_len
+        k1, k2, v, s, f = _key_tile(
+            q1, q2, K, V, POS, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs, stride_vd, offs_n,
+            col_valid, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
+            qk_scale_log2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
+            BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, DOT_PRECISION, MASKED,
+        )  # fmt: skip
+        s = _keep_allowed(s, float("-inf"), offs_m, offs_n, col_valid, KPM, CAUSAL, HAS_MASK,
+                          MASKED)  # fmt: skip
+
+        if BIAS_FN is not None and not BIAS_FACTOR:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale_log2)
+        if MASKED or HAS_MASK:
+            # A row with no allowed key so far keeps m = -inf; shift by 0 so exp2 gives 0.
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_shift = m_new
+        if BIAS_FN is not None and not BIAS_FACTOR:
+            p = tl.exp2(s - m_shift[:, None])
+        else:
+            p = tl.exp2(s * qk_scale_log2 - m_shift[:, None])
+        if BIAS_FACTOR:  # e^(s + b) = e^s e^b: the running max is that of the scores alone
+            p = p * f
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -237,6 +484,7 @@ def _flash_fwd_kernel(
     seq_len,
     num_heads,
     qk_scale_log2,
+    q_sign,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -244,13 +492,19 @@ def _flash_fwd_kernel(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
     BIAS_FN: tl.constexpr,
+    BIAS_FACTOR: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr = None,
 ):
-    """One query block of one (batch, head): online softmax over the key blocks."""
+    """One query block of one (batch, head): online softmax over the key blocks.
+
+    ``qk_scale_log2 = |scale| log2 e`` and ``q_sign`` the sign of the scale (+-1, exact in any
+    dtype), applied to the q tile once.
+    """
     pid_m, pid_bh, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS = _program_setup(
         Q, K, V, OUT, POS, KPM, COS, SIN, BIAS, stride_qb, stride_qh, stride_kb, stride_kh,
         stride_vb, stride_vh, stride_ob, stride_oh, stride_pos_b, stride_tab_b, stride_bias_b,
@@ -265,56 +519,42 @@ def _flash_fwd_kernel(
     row_valid = offs_m < seq_len
     q1, q2 = _load_encoded(
         Q, stride_qs, stride_qd, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
-        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
+        gain_1, gain_2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN, True,
     )  # fmt: skip
-    if BIAS_FN is not None:  # query indices (tails clamped) and positions as [BLOCK_M, 1] columns
-        row_idx = tl.minimum(offs_m, seq_len - 1)[:, None]
+    q1 = (q1 * q_sign).to(q1.dtype)
+    if PAIR_HALVES:
+        q2 = (q2 * q_sign).to(q2.dtype)
+    else:
+        q2 = q1
+    # query indices (tails clamped) and positions as [BLOCK_M, 1] columns, for the hook
+    row_idx = tl.minimum(offs_m, seq_len - 1)[:, None]
+    if BIAS_FN is not None:
         row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
+    else:
+        row_pos = row_idx
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    if CAUSAL:
-        hi = tl.minimum((pid_m + 1) * BLOCK_M, seq_len)  # later key blocks are fully masked
-    else:
+    if CAUSAL:  # keys before the block's first query; later key blocks are fully masked
+        mid = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
+        hi = tl.minimum((pid_m + 1) * BLOCK_M, seq_len)
+    else:  # the whole key blocks; then the ragged last one
+        mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
-    for start_n in range(0, hi, BLOCK_N):
-        # (small loads are written inline: helper calls are costly in the interpreter)
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_valid = offs_n < seq_len
-        k1, k2 = _load_encoded(
-            K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
-            gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
-        )  # fmt: skip
-        v = tl.load(
-            V + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-            mask=col_valid[:, None],
-            other=0.0,
-        )
-
-        s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PRECISION)
-        s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION) * qk_scale_log2
-        if BIAS_FN is not None:  # the score-bias hook, in base 2
-            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0.0)
-            col_idx = tl.minimum(offs_n, seq_len - 1)[None, :]
-            s += BIAS_FN(row_idx, col_idx, row_pos, pos_n[None, :], BIAS, True, BIAS_OPTIONS)
-        allowed = col_valid[None, :]
-        if HAS_MASK:
-            allowed = allowed & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)[None, :]
-        if CAUSAL:
-            allowed = allowed & (offs_m[:, None] >= offs_n[None, :])
-        s = tl.where(allowed, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with no allowed key so far keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_shift[:, None])
-        alpha = tl.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q1, q2, K, V, POS, KPM, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs,
+        stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
+        qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES,
+        HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, False,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_tiles(
+        acc, l_i, m_i, q1, q2, K, V, POS, KPM, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs,
+        stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
+        qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES,
+        HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, True,
+    )  # fmt: skip
 
     has_keys = l_i > 0.0
     l_safe = tl.where(has_keys, l_i, 1.0)
@@ -358,10 +598,130 @@ def _flash_bwd_delta_kernel(
     )  # fmt: skip
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_valid = offs_m < seq_len
-    o = _load_rows(OUT, offs_m, row_valid, HEAD_DIM, 1, HEAD_DIM).to(tl.float32)
-    do = _load_rows(DO, offs_m, row_valid, stride_dos, stride_dod, HEAD_DIM).to(tl.float32)
+    o = _load_rows(OUT, offs_m, row_valid, HEAD_DIM, 1, HEAD_DIM, True).to(tl.float32)
+    do = _load_rows(DO, offs_m, row_valid, stride_dos, stride_dod, HEAD_DIM, True).to(tl.float32)
     delta = tl.sum(o * do, 1)
     tl.store(DELTA + pid_bh * seq_len + offs_m, delta, mask=row_valid)
+
+
+@triton.jit
+def _dkdv_tiles(
+    dk1,
+    dk2,
+    dv,
+    dbias,
+    k1,
+    k2,
+    v,
+    Q,
+    DO,
+    LSE,
+    DELTA,
+    POS,
+    COS,
+    SIN,
+    BIAS,
+    stride_qs,
+    stride_qd,
+    stride_dos,
+    stride_dod,
+    offs_n,
+    key_real,
+    key_idx,
+    key_pos,
+    t,
+    pair_valid,
+    first,
+    second,
+    gain_1,
+    gain_2,
+    seq_len,
+    qk_scale_log2,
+    lo,
+    num_tiles,
+    skip_from,
+    skip_to,
+    HEAD_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    BIAS_FACTOR: tl.constexpr,
+    BIAS_GRAD_FN: tl.constexpr,
+    BIAS_OPTIONS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """dK, dV (and the bias gradient) from ``num_tiles`` query blocks starting at ``lo``,
+    ``BLOCK_M`` apart; a block that would start at ``skip_from`` or later starts at ``skip_to``
+    instead (the masked loop: the diagonal band, then the ragged last block).
+
+    Query rows past the end have ``lse = +inf``, so their ``P`` is 0 with no mask. Key rows past
+    the end are masked only where a sum over keys needs it (a key-padding mask, a bias gradient):
+    otherwise they are rows of dK/dV that are never stored.
+    """
+    for i in range(0, num_tiles):
+        start_m = lo + i * BLOCK_M
+        if MASKED:
+            start_m = tl.where(start_m >= skip_from, skip_to, start_m)
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_valid = offs_m < seq_len
+        q1, q2 = _load_encoded(
+            Q, stride_qs, stride_qd, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
+            gain_1, gain_2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
+            MASKED,
+        )  # fmt: skip
+        do = _load_rows(DO, offs_m, row_valid, stride_dos, stride_dod, HEAD_DIM, MASKED)
+        if MASKED:
+            lse = tl.load(LSE + offs_m, mask=row_valid, other=float("inf"))
+            delta = tl.load(DELTA + offs_m, mask=row_valid, other=0.0)
+        else:
+            lse = tl.load(LSE + offs_m)
+            delta = tl.load(DELTA + offs_m)
+
+        s_t = _scores(k1, k2, q1, q2, PAIR_HALVES, DOT_PRECISION)
+        if BIAS_FN is not None:
+            if MASKED:
+                pos_m = tl.load(POS + offs_m, mask=row_valid, other=0.0)
+                query_idx = tl.minimum(offs_m, seq_len - 1)[None, :]
+            else:
+                pos_m = tl.load(POS + offs_m)
+                query_idx = offs_m[None, :]
+            if BIAS_FACTOR:
+                f_t = BIAS_FN(query_idx, key_idx, pos_m[None, :], key_pos, BIAS, BIAS_OPTIONS)
+                p_t = tl.exp2(s_t * qk_scale_log2 - lse[None, :]) * f_t
+            else:
+                bias = BIAS_FN(query_idx, key_idx, pos_m[None, :], key_pos, BIAS, True,
+                               BIAS_OPTIONS)  # fmt: skip
+                p_t = tl.exp2(s_t * qk_scale_log2 + bias - lse[None, :])
+        else:
+            p_t = tl.exp2(s_t * qk_scale_log2 - lse[None, :])
+        if MASKED and CAUSAL:
+            allowed = offs_m[None, :] >= offs_n[:, None]
+            if HAS_MASK or BIAS_GRAD_FN is not None:
+                allowed = allowed & key_real[:, None]
+            p_t = tl.where(allowed, p_t, 0.0)
+        elif HAS_MASK or BIAS_GRAD_FN is not None:
+            p_t = tl.where(key_real[:, None], p_t, 0.0)
+
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if BIAS_GRAD_FN is not None:  # queries are axis 1 of these tiles
+            dbias = BIAS_GRAD_FN(
+                dbias, ds_t, query_idx, key_idx, pos_m[None, :], key_pos, BIAS, 1, BIAS_OPTIONS
+            )
+        ds_t = ds_t.to(q1.dtype)
+        dk1 = tl.dot(ds_t, q1, dk1, input_precision=DOT_PRECISION)
+        if PAIR_HALVES:
+            dk2 = tl.dot(ds_t, q2, dk2, input_precision=DOT_PRECISION)
+    return dk1, dk2, dv, dbias
 
 
 @triton.jit
@@ -412,7 +772,9 @@ def _flash_bwd_dkdv_kernel(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
     BIAS_FN: tl.constexpr,
+    BIAS_FACTOR: tl.constexpr,
     BIAS_GRAD_FN: tl.constexpr,
     GRAD_WIDTH: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -445,65 +807,62 @@ def _flash_bwd_dkdv_kernel(
     key_real = col_valid
     if HAS_MASK:
         key_real = key_real & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)
-    if BIAS_FN is not None:  # key indices (tails clamped) and positions as [BLOCK_N, 1] columns
-        key_idx = tl.minimum(offs_n, seq_len - 1)[:, None]
+    # key indices (tails clamped) and positions as [BLOCK_N, 1] columns, for the hook
+    key_idx = tl.minimum(offs_n, seq_len - 1)[:, None]
+    if BIAS_FN is not None:
         key_pos = tl.load(POS + offs_n, mask=col_valid, other=0.0)[:, None]
+    else:
+        key_pos = key_idx
     if BIAS_GRAD_FN is not None:
         dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)
+    else:
+        dbias = 0.0
     k1, k2 = _load_encoded(
         K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
-        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
+        gain_1, gain_2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN, True,
     )  # fmt: skip
-    v = _load_rows(V, offs_n, col_valid, stride_vs, stride_vd, HEAD_DIM)
+    v = _load_rows(V, offs_n, col_valid, stride_vs, stride_vd, HEAD_DIM, True)
 
-    dk1 = tl.zeros([BLOCK_N, HALF_PAD], dtype=tl.float32)
-    dk2 = tl.zeros([BLOCK_N, HALF_PAD], dtype=tl.float32)
+    if PAIR_HALVES:
+        dk1 = tl.zeros([BLOCK_N, HALF_PAD], dtype=tl.float32)
+        dk2 = tl.zeros([BLOCK_N, HALF_PAD], dtype=tl.float32)
+    else:
+        dk1 = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+        dk2 = dk1
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
 
+    # Query blocks [lo, band_end) hold the diagonal (causal; earlier queries cannot see these
+    # keys, so lo is where the walk starts); [band_end, full_end) are whole blocks every query
+    # of which sees every key; [full_end, seq_len) is the ragged last block.
+    full_end = seq_len // BLOCK_M * BLOCK_M
     if CAUSAL:
-        lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier queries cannot see these keys
+        lo = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M
+        band_end = tl.cdiv((pid_n + 1) * BLOCK_N, BLOCK_M) * BLOCK_M
     else:
         lo = 0
-    for start_m in range(lo, seq_len, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        row_valid = offs_m < seq_len
-        q1, q2 = _load_encoded(
-            Q, stride_qs, stride_qd, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
-            gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
-        )  # fmt: skip
-        do = tl.load(
-            DO + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
-            mask=row_valid[:, None],
-            other=0.0,
-        )
-        lse = tl.load(LSE + offs_m, mask=row_valid, other=float("inf"))
-        delta = tl.load(DELTA + offs_m, mask=row_valid, other=0.0)
-
-        s_t = tl.dot(k1, tl.trans(q1), input_precision=DOT_PRECISION)
-        s_t = tl.dot(k2, tl.trans(q2), s_t, input_precision=DOT_PRECISION) * qk_scale_log2
-        if BIAS_FN is not None:
-            pos_m = tl.load(POS + offs_m, mask=row_valid, other=0.0)
-            query_idx = tl.minimum(offs_m, seq_len - 1)[None, :]
-            s_t += BIAS_FN(query_idx, key_idx, pos_m[None, :], key_pos, BIAS, True, BIAS_OPTIONS)
-        allowed = key_real[:, None] & row_valid[None, :]
-        if CAUSAL:
-            allowed = allowed & (offs_m[None, :] >= offs_n[:, None])
-        p_t = tl.where(allowed, tl.exp2(s_t - lse[None, :]), 0.0)
-
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        if BIAS_GRAD_FN is not None:  # queries are axis 1 of these tiles
-            dbias = BIAS_GRAD_FN(
-                dbias, ds_t, query_idx, key_idx, pos_m[None, :], key_pos, BIAS, 1, BIAS_OPTIONS
-            )
-        ds_t = ds_t.to(q1.dtype)
-        dk1 = tl.dot(ds_t, q1, dk1, input_precision=DOT_PRECISION)
-        dk2 = tl.dot(ds_t, q2, dk2, input_precision=DOT_PRECISION)
+        band_end = 0
+    num_free = tl.maximum(full_end - band_end, 0) // BLOCK_M
+    dk1, dk2, dv, dbias = _dkdv_tiles(
+        dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
+        stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, t, pair_valid, first,
+        second, gain_1, gain_2, seq_len, qk_scale_log2, band_end, num_free, 0, 0, HEAD_DIM,
+        HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
+        BIAS_GRAD_FN, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, False,
+    )  # fmt: skip
+    num_band = tl.cdiv(tl.minimum(band_end, seq_len) - lo, BLOCK_M)
+    num_tail = (full_end < seq_len) & (full_end >= band_end)
+    dk1, dk2, dv, dbias = _dkdv_tiles(
+        dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
+        stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, t, pair_valid, first,
+        second, gain_1, gain_2, seq_len, qk_scale_log2, lo, num_band + num_tail.to(tl.int32),
+        band_end, full_end, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES,
+        HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN, BIAS_OPTIONS, CAUSAL, HAS_MASK,
+        DOT_PRECISION, True,
+    )  # fmt: skip
 
     _store_decoded(
         DK, dk1 * scale, dk2 * scale, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
-        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
+        gain_1, gain_2, HEAD_DIM, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
     tl.store(
         DV + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
@@ -513,6 +872,85 @@ def _flash_bwd_dkdv_kernel(
     if BIAS_GRAD_FN is not None:
         slot = (pid_bh * tl.num_programs(0) + pid_n) * GRAD_WIDTH
         tl.store(DBIAS + slot + tl.arange(0, GRAD_WIDTH), dbias)
+
+
+@triton.jit
+def _dq_tiles(
+    dq1,
+    dq2,
+    q1,
+    q2,
+    do,
+    lse,
+    delta,
+    K,
+    V,
+    POS,
+    KPM,
+    COS,
+    SIN,
+    BIAS,
+    stride_ks,
+    stride_kd,
+    stride_vs,
+    stride_vd,
+    offs_m,
+    row_idx,
+    row_pos,
+    t,
+    pair_valid,
+    first,
+    second,
+    gain_1,
+    gain_2,
+    seq_len,
+    qk_scale_log2,
+    lo,
+    hi,
+    HEAD_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    HALF_LAYOUT: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    BIAS_FACTOR: tl.constexpr,
+    BIAS_OPTIONS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """dQ from the key blocks starting at ``lo, lo + BLOCK_N, ... < hi``.
+
+    Query rows past the end have ``lse = +inf`` (their ``P`` is 0 with no mask); with
+    ``MASKED``, the causal mask (causal) or the sequence end (bidirectional), bounded loads.
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_valid = offs_n < seq_len
+        k1, k2, v, s, f = _key_tile(
+            q1, q2, K, V, POS, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs, stride_vd, offs_n,
+            col_valid, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
+            qk_scale_log2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
+            BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, DOT_PRECISION, MASKED,
+        )  # fmt: skip
+        if BIAS_FN is not None and not BIAS_FACTOR:
+            p = tl.exp2(s - lse[:, None])
+        else:
+            p = tl.exp2(s * qk_scale_log2 - lse[:, None])
+        if BIAS_FACTOR:
+            p = p * f
+        p = _keep_allowed(p, 0.0, offs_m, offs_n, col_valid, KPM, CAUSAL, HAS_MASK, MASKED)
+
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = (p * (dp - delta[:, None])).to(k1.dtype)
+        dq1 = tl.dot(ds, k1, dq1, input_precision=DOT_PRECISION)
+        if PAIR_HALVES:
+            dq2 = tl.dot(ds, k2, dq2, input_precision=DOT_PRECISION)
+    return dq1, dq2
 
 
 @triton.jit
@@ -561,7 +999,9 @@ def _flash_bwd_dq_kernel(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
+    PAIR_HALVES: tl.constexpr,
     BIAS_FN: tl.constexpr,
+    BIAS_FACTOR: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -583,60 +1023,51 @@ def _flash_bwd_dq_kernel(
 
     t, pair_valid, first, second = _pair_channels(HEAD_DIM, HALF_PAD, HALF_LAYOUT)
     gain_1, gain_2 = _pair_gains(GAIN, first, second, pair_valid, HAS_GAIN)
-    offs_d = tl.arange(0, HEAD_DIM)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_valid = offs_m < seq_len
     q1, q2 = _load_encoded(
         Q, stride_qs, stride_qd, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
-        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
+        gain_1, gain_2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN, True,
     )  # fmt: skip
-    do = _load_rows(DO, offs_m, row_valid, stride_dos, stride_dod, HEAD_DIM)
+    do = _load_rows(DO, offs_m, row_valid, stride_dos, stride_dod, HEAD_DIM, True)
     lse = tl.load(LSE + offs_m, mask=row_valid, other=float("inf"))
     delta = tl.load(DELTA + offs_m, mask=row_valid, other=0.0)
+    row_idx = tl.minimum(offs_m, seq_len - 1)[:, None]
     if BIAS_FN is not None:
-        row_idx = tl.minimum(offs_m, seq_len - 1)[:, None]
         row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
+    else:
+        row_pos = row_idx
 
-    dq1 = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
-    dq2 = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
+    if PAIR_HALVES:
+        dq1 = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
+        dq2 = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
+    else:
+        dq1 = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        dq2 = dq1
     if CAUSAL:
+        mid = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
         hi = tl.minimum((pid_m + 1) * BLOCK_M, seq_len)
     else:
+        mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_valid = offs_n < seq_len
-        k1, k2 = _load_encoded(
-            K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
-            gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
-        )  # fmt: skip
-        v = tl.load(
-            V + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-            mask=col_valid[:, None],
-            other=0.0,
-        )
-
-        s = tl.dot(q1, tl.trans(k1), input_precision=DOT_PRECISION)
-        s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION) * qk_scale_log2
-        if BIAS_FN is not None:
-            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0.0)
-            col_idx = tl.minimum(offs_n, seq_len - 1)[None, :]
-            s += BIAS_FN(row_idx, col_idx, row_pos, pos_n[None, :], BIAS, True, BIAS_OPTIONS)
-        allowed = col_valid[None, :] & row_valid[:, None]
-        if HAS_MASK:
-            allowed = allowed & (tl.load(KPM + offs_n, mask=col_valid, other=0) != 0)[None, :]
-        if CAUSAL:
-            allowed = allowed & (offs_m[:, None] >= offs_n[None, :])
-        p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
-
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        ds = (p * (dp - delta[:, None])).to(k1.dtype)
-        dq1 = tl.dot(ds, k1, dq1, input_precision=DOT_PRECISION)
-        dq2 = tl.dot(ds, k2, dq2, input_precision=DOT_PRECISION)
+    dq1, dq2 = _dq_tiles(
+        dq1, dq2, q1, q2, do, lse, delta, K, V, POS, KPM, COS, SIN, BIAS, stride_ks, stride_kd,
+        stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1,
+        gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES,
+        BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK,
+        DOT_PRECISION, False,
+    )  # fmt: skip
+    dq1, dq2 = _dq_tiles(
+        dq1, dq2, q1, q2, do, lse, delta, K, V, POS, KPM, COS, SIN, BIAS, stride_ks, stride_kd,
+        stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1,
+        gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES,
+        BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK,
+        DOT_PRECISION, True,
+    )  # fmt: skip
 
     _store_decoded(
         DQ, dq1 * scale, dq2 * scale, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
-        gain_1, gain_2, HEAD_DIM, HAS_TABLES, HAS_GAIN,
+        gain_1, gain_2, HEAD_DIM, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
 
 
@@ -666,11 +1097,11 @@ class FlashConfig:
 
 KERNELS: tuple[str, ...] = ("forward", "dkdv", "dq")
 
-# (block_m, block_n, num_warps, num_stages) on a GPU; block_m indexes queries, block_n keys.
-# Chosen so that ptxas (sm_90, triton 3.6 and 3.9) needs no or only a few bytes of register
-# spills in every position mode: the dK/dV kernel keeps three accumulators per key row, so it
-# walks narrow query blocks; the dQ kernel the other way round. fp32 uses exact (non
-# tensor-core) products and small tiles.
+# (block_m, block_n, num_warps, num_stages) on a GPU, unless _CARRY_CONFIGS below has an entry;
+# block_m indexes queries, block_n keys. Chosen so that ptxas (sm_90, triton 3.6 and 3.9) needs
+# no or only a few bytes of register spills in every position mode: the dK/dV kernel keeps
+# three accumulators per key row, so it walks narrow query blocks; the dQ kernel the other way
+# round. fp32 uses exact (non tensor-core) products and small tiles.
 _GPU_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
     ("forward", "16bit"): (128, 64, 8, 3),
     ("forward", "16bit-wide"): (128, 64, 8, 2),
@@ -680,7 +1111,38 @@ _GPU_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
     ("dq", "16bit-wide"): (64, 32, 8, 2),
     ("forward", "fp32"): (64, 32, 8, 1),
     ("dkdv", "fp32"): (16, 32, 8, 1),
-    ("dq", "fp32"): (32, 16, 8, 1),
+    ("dq", "fp32"): (32, 16, 8, 2),
+}
+# 16-bit launches by what they carry: "plain" (no tables, no score bias), "tables" (q/k tables,
+# no score bias) or "bias" (a score-bias hook), keyed (90 for an H100 or None for any other
+# GPU, kernel, family, carries); a missing entry falls back to _GPU_CONFIGS. On an H100 a
+# warpgroup's MMA covers 64 rows, so the row side of every product of 8 warps is 128 (with 64
+# rows both warpgroups would compute the same product), and the per-tile loop overhead
+# (barriers, fences, descriptors) is spread over large tiles: chosen from the report's static
+# model (course_lib.gpu_report, triton 3.9 / ptxas 13.4) among the tiles whose inner loops do
+# no spill traffic (the dK/dV kernel with a hook keeps about 100-300 bytes of spilled values
+# outside its loops; the report lists them). Elsewhere (A100) the tiles with tables or a hook at
+# head_dim 128 are those that spill least.
+_CARRY_CONFIGS: dict[tuple[int | None, str, str, str], tuple[int, int, int, int]] = {
+    (90, "forward", "16bit", "plain"): (256, 64, 8, 3),
+    (90, "forward", "16bit", "tables"): (256, 64, 8, 3),
+    (90, "forward", "16bit", "bias"): (256, 64, 8, 2),
+    (90, "dkdv", "16bit", "plain"): (64, 128, 8, 2),
+    (90, "dkdv", "16bit", "tables"): (64, 128, 8, 2),
+    (90, "dkdv", "16bit", "bias"): (64, 128, 8, 2),
+    (90, "dq", "16bit", "plain"): (128, 64, 8, 2),
+    (90, "dq", "16bit", "tables"): (128, 64, 8, 2),
+    (90, "dq", "16bit", "bias"): (128, 64, 8, 2),
+    (90, "dkdv", "16bit-wide", "plain"): (32, 128, 8, 2),
+    (90, "dkdv", "16bit-wide", "tables"): (16, 128, 8, 2),
+    (90, "dkdv", "16bit-wide", "bias"): (32, 128, 8, 2),
+    (90, "dq", "16bit-wide", "plain"): (128, 32, 8, 2),
+    (90, "dq", "16bit-wide", "tables"): (128, 32, 8, 2),
+    (90, "dq", "16bit-wide", "bias"): (128, 32, 8, 2),
+    (None, "forward", "16bit-wide", "tables"): (128, 32, 8, 2),
+    (None, "forward", "16bit-wide", "bias"): (128, 32, 8, 2),
+    (None, "dkdv", "16bit-wide", "tables"): (16, 64, 8, 2),
+    (None, "dkdv", "16bit-wide", "bias"): (32, 32, 4, 2),
 }
 # In the CPU interpreter the cost is per program step, so blocks are 32-64 wide (and unequal,
 # as on the GPU, so the tests cover the block-boundary logic of each kernel).
@@ -692,19 +1154,37 @@ _INTERPRETER_CONFIGS: dict[str, tuple[int, int]] = {
 
 
 def pick_config(
-    kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    tables: bool = False,
+    bias: bool = False,
 ) -> FlashConfig:
-    """Block sizes and launch options of one kernel (``"forward"``, ``"dkdv"`` or ``"dq"``)."""
+    """Block sizes and launch options of one kernel (``"forward"``, ``"dkdv"`` or ``"dq"``) for
+    a launch with q/k tables (``tables``) and/or a score-bias hook (``bias``)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
-    if gpu_arch(device) is None:
+    arch = gpu_arch(device)
+    if arch is None:
         return FlashConfig(*_INTERPRETER_CONFIGS[kernel])
     if dtype == torch.float32:
         family = "fp32"
     else:
         family = "16bit-wide" if head_dim >= 128 else "16bit"
-    block_m, block_n, num_warps, num_stages = _GPU_CONFIGS[(kernel, family)]
+    carries = "bias" if bias else "tables" if tables else "plain"
+    key = (90 if arch == 90 else None, kernel, family, carries)
+    block_m, block_n, num_warps, num_stages = _CARRY_CONFIGS.get(
+        key, _GPU_CONFIGS[(kernel, family)]
+    )
     return FlashConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
+
+
+def _forward_scale(scale: float) -> tuple[float, float]:
+    """The forward kernel's ``(qk_scale_log2, q_sign)``: ``|scale| log2 e`` (at least 1e-30, so
+    that a masked score, -inf, stays -inf once scaled) and the sign of ``scale``, applied to q."""
+    return max(abs(scale) * LOG2E, 1e-30), (-1.0 if scale < 0 else 1.0)
 
 
 def _half_pad(head_dim: int) -> int:
@@ -720,7 +1200,12 @@ def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) ->
         HAS_TABLES=a.has_tables,
         HAS_GAIN=a.has_gain,
         HALF_LAYOUT=a.half_layout,
-        BIAS_FN=None if a.hook is None else a.hook.bias,
+        # q . k over pair halves (two dots): with tables, and for fp32, whose CUDA-core products
+        # need fewer registers over half the channels
+        PAIR_HALVES=a.has_tables or dtype == torch.float32,
+        # a hook with a factor form multiplies the weights by e^b instead of adding b to the logits
+        BIAS_FN=None if a.hook is None else (a.hook.factor or a.hook.bias),
+        BIAS_FACTOR=a.hook is not None and a.hook.factor is not None,
         BIAS_OPTIONS=a.bias_options,
         CAUSAL=bool(causal),
         HAS_MASK=a.has_mask,
@@ -759,14 +1244,15 @@ def flash_attention_forward(
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
     a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
-    cfg = config or pick_config("forward", head_dim, q.dtype, q.device)
+    carries = dict(tables=a.has_tables, bias=a.hook is not None)
+    cfg = config or pick_config("forward", head_dim, q.dtype, q.device, **carries)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch * heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
     run_launch(Launch("forward", _flash_fwd_kernel, grid, (
         q, k, v, out, lse, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
         *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
-        seq, heads, scale * LOG2E,
+        seq, heads, *_forward_scale(scale),
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **_switches(a, head_dim, causal, q.dtype),
@@ -812,7 +1298,9 @@ def flash_attention_backward(
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     configs = dict(configs or {})
     for kernel in ("dkdv", "dq"):
-        configs.setdefault(kernel, pick_config(kernel, head_dim, q.dtype, q.device))
+        configs.setdefault(kernel, pick_config(
+            kernel, head_dim, q.dtype, q.device, tables=a.has_tables, bias=a.hook is not None
+        ))  # fmt: skip
     shape, device = (batch, heads, seq, head_dim), q.device
     dq = torch.empty(shape, dtype=q.dtype, device=device)
     dk = torch.empty(shape, dtype=q.dtype, device=device)

@@ -16,7 +16,9 @@ Hooks of the course (``p`` = the position ids, float32 in the tile):
   gradients ``d loss / d per_head[h, 0] = -sum_ij dS_ij |p_i - p_j|`` and
   ``d loss / d per_head[h, 1] = sum_ij dS_ij``.
 * ``"exposb_distance"``: ``b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))`` (ExpoSB's distance
-  factor, added as a log to the logits), no parameter.
+  factor, added as a log to the logits), no parameter. It also has a factor form (below): the
+  flash kernels multiply their softmax weights by ``0.7 + 0.3 exp(-0.005 |p_i - p_j|)`` and take
+  no logarithm.
 * ``"t5_buckets"``: ``b_ij = per_head[h, bucket(p_j - p_i)]`` (T5's relative bias: a learned
   table ``[heads, num_buckets]``); the bucket is computed in the tile from the positions, with
   the options ``num_buckets``, ``max_distance``, ``bidirectional`` compiled in. Gradient
@@ -59,6 +61,15 @@ sums them all afterwards; ``"cumulative_log_gates"`` does the same and lays the 
 ``num_buckets`` rounded up to a power of two); ``"offset_linear_distance"`` keeps two, slope and
 offset (``GRAD_WIDTH`` = 2, each tile reduced whole), reduced to ``[heads, 2]``.
 
+``factor(idx_q, idx_k, pos_q, pos_k, params, OPTIONS=None) -> tile`` (optional, float32, same
+arguments): ``e^b_ij`` itself, for a bias with ``e^b`` in ``(0, 1]`` and bounded away from 0.
+The flash kernels then multiply the softmax weights by it instead of adding ``b`` to the logits
+(``e^(s + b) = e^s e^b``: the same softmax, and no logarithm per pair when ``b`` is the log of
+something cheap); the row maximum they subtract is that of the scores alone, which still bounds
+every weight by 1 because ``e^b <= 1``. The stick-breaking kernels always use ``bias``, since
+``sigmoid(z + b)`` does not factor. The two forms must agree (``tests/test_kernels_flash.py``
+checks each hook's factor against its bias).
+
 Adding a hook
 -------------
 Write its ``bias`` (and, if it has learnable tensors, ``grad``) below, add a :class:`BiasHook`
@@ -92,6 +103,7 @@ __all__ = [
     "cumulative_log_gates_bias",
     "cumulative_log_gates_grad",
     "exposb_distance_bias",
+    "exposb_distance_factor",
     "get_hook",
     "linear_distance_bias",
     "linear_distance_grad",
@@ -190,6 +202,13 @@ def exposb_distance_bias(
     if BASE2:
         return log2_factor
     return log2_factor * 0.6931471805599453
+
+
+@triton.jit
+def exposb_distance_factor(idx_q, idx_k, pos_q, pos_k, params, OPTIONS: tl.constexpr = None):
+    """``0.7 + 0.3 exp(-0.005 |p_i - p_j|)``: the factor form of ``exposb_distance_bias`` (one
+    ``exp2`` and a multiply-add per pair, no logarithm)."""
+    return 0.7 + 0.3 * tl.exp2(-0.007213475204444817 * tl.abs(pos_q - pos_k))
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,10 +383,11 @@ FAMILIES: tuple[str, ...] = ("flash", "stick_breaking")
 class BiasHook:
     """One named score bias.
 
-    ``bias`` / ``grad``: the ``@triton.jit`` functions of the contract above (``grad`` None: the
-    bias has no learnable tensor). ``param``: the tensor it reads: ``"per_head"`` (float
-    ``[heads]``, or ``[heads, width]`` with ``width`` given by :attr:`width`), ``"per_token"``
-    (float ``[batch, heads, seq]``) or None. ``formula``: ``b_ij`` in words, for error messages
+    ``bias`` / ``grad`` / ``factor``: the ``@triton.jit`` functions of the contract above
+    (``grad`` None: the bias has no learnable tensor; ``factor`` None: no factor form).
+    ``param``: the tensor it reads: ``"per_head"`` (float ``[heads]``, or ``[heads, width]``
+    with ``width`` given by :attr:`width`), ``"per_token"`` (float ``[batch, heads, seq]``) or
+    None. ``formula``: ``b_ij`` in words, for error messages
     and docs. ``options``: the names of its compile-time options (``ScoreBias.options``), turned
     into the kernels' ``BIAS_OPTIONS`` tuple by ``to_kernel``. ``width(options)``: the table width
     of a 2-D ``per_head``. ``grad_width_fn(block_keys, options)``: the accumulator width (default:
@@ -379,6 +399,7 @@ class BiasHook:
     formula: str
     bias: object
     grad: object | None = None
+    factor: object | None = None
     param: str | None = None
     reduce: Callable | None = None
     options: tuple[str, ...] = ()
@@ -475,6 +496,7 @@ SCORE_BIAS_HOOKS: dict[str, BiasHook] = {
         name="exposb_distance",
         formula="b_ij = log(0.7 + 0.3 * exp(-0.005 * |p_i - p_j|))",
         bias=exposb_distance_bias,
+        factor=exposb_distance_factor,
     ),
     "t5_buckets": BiasHook(
         name="t5_buckets",

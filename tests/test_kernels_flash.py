@@ -579,3 +579,45 @@ def test_bad_input_raises_clear_error(make_call, error, message) -> None:
     q, k, v = _qkv()
     with pytest.raises(error, match=message):
         make_call(q, k, v)
+
+
+def _hooks_with_factor():
+    from course_lib.runtime import load_kernel_module
+
+    if KERNEL_MODE == "unavailable":
+        return []
+    hooks = load_kernel_module("score_bias").SCORE_BIAS_HOOKS
+    return [name for name, hook in hooks.items() if hook.factor is not None]
+
+
+@pytest.mark.parametrize("name", _hooks_with_factor())
+def test_factor_form_is_exp_of_the_bias(name) -> None:
+    """A hook's factor form (which the flash kernels use in its place) is ``e^b`` of its bias, on
+    positions near and far (distances 0 to 10^4), in (0, 1]."""
+    import triton
+    import triton.language as tl
+
+    from course_lib.runtime import load_kernel_module
+
+    hook = load_kernel_module("score_bias").SCORE_BIAS_HOOKS[name]
+
+    @triton.jit
+    def both_forms(POS, PARAMS, BIAS_OUT, FACTOR_OUT, BIAS_FN: tl.constexpr,
+                   FACTOR_FN: tl.constexpr, N: tl.constexpr):  # fmt: skip
+        i = tl.arange(0, N)
+        pos = tl.load(POS + i)
+        rows, cols = i[:, None], i[None, :]
+        out = rows * N + cols
+        bias = BIAS_FN(rows, cols, pos[:, None], pos[None, :], PARAMS, False, None)
+        tl.store(BIAS_OUT + out, bias)
+        tl.store(FACTOR_OUT + out, FACTOR_FN(rows, cols, pos[:, None], pos[None, :], PARAMS, None))
+
+    n = 32
+    torch.manual_seed(0)
+    positions = torch.cat([torch.arange(16.0), torch.rand(16) * 1e4]).to(DEVICE)
+    params = (torch.rand(n) * 0.1).to(DEVICE)
+    bias = torch.empty(n, n, device=DEVICE)
+    factor = torch.empty(n, n, device=DEVICE)
+    both_forms[(1,)](positions, params, bias, factor, hook.bias, hook.factor, n)
+    assert float(factor.min()) > 0 and float(factor.max()) <= 1
+    torch.testing.assert_close(factor, bias.exp(), rtol=1e-6, atol=0)

@@ -3,9 +3,11 @@
 A loop iteration covers one tile of ``BLOCK_M x BLOCK_N`` (query, key) pairs, so a loop's cost
 per pair is its cycles per iteration (:func:`.sass.loop_cycles`) over the tile. Per kernel:
 
-* flash forward, dK/dV and dQ: the loop over the other axis. When a kernel has a second loop for
-  the diagonal tiles of a causal mask, the two are weighted by the tiles each visits at the
-  benchmark shape. Flash backward = dK/dV + dQ (each visits every pair once).
+* flash forward, dK/dV and dQ: the loop over the other axis. Each kernel has two: first the
+  unmasked one, then the masked one (the diagonal band of a causal mask; bidirectional, only the
+  ragged last tile, which the benchmark shape, a multiple of every block, does not have). Causal,
+  the two are weighted by the tiles each visits at the benchmark shape; bidirectional, the first
+  counts alone. Flash backward = dK/dV + dQ (each visits every pair once).
 * stick-breaking forward: one loop per stick (bidirectional: a left and a right one, each over
   its own half of the pairs), averaged; plus, when split off, the diagonal loops, weighted by
   the tiles they visit. Backward: all loops of the row and the column kernel summed, over the
@@ -62,7 +64,7 @@ def kernel_cost(family: str, kernel: str, loops: list[dict], tiles: tuple[int, i
     if family == "flash":
         if len(per) == 1:
             return per[0], bounds
-        if len(per) == 2:  # the off-diagonal loop, then the diagonal one
+        if len(per) == 2:  # the unmasked loop, then the masked one (diagonal band, ragged end)
             share = _diagonal_share(tiles, causal, seq, rows_are_queries=kernel != "dkdv")
             return (1 - share) * per[0] + share * per[1], bounds
         raise ValueError(f"flash {kernel}: {len(per)} inner loops, expected 1 or 2")
