@@ -1143,6 +1143,8 @@ _CARRY_CONFIGS: dict[tuple[int | None, str, str, str], tuple[int, int, int, int]
     (None, "forward", "16bit-wide", "bias"): (128, 32, 8, 2),
     (None, "dkdv", "16bit-wide", "tables"): (16, 64, 8, 2),
     (None, "dkdv", "16bit-wide", "bias"): (32, 32, 4, 2),
+    (None, "dq", "16bit-wide", "tables"): (32, 32, 4, 2),
+    (None, "dq", "16bit-wide", "bias"): (32, 32, 4, 2),
 }
 # In the CPU interpreter the cost is per program step, so blocks are 32-64 wide (and unequal,
 # as on the GPU, so the tests cover the block-boundary logic of each kernel).
