@@ -28,7 +28,8 @@ __all__ = ["stick_breaking_attention"]
 
 
 class _StickBreakingFunction(torch.autograd.Function):
-    """Forward saves q, k, v and the row mass ``sum_j A_ij``; backward recomputes the tiles."""
+    """Forward saves q, k, v and the row statistics (each stick's total ``-log2``, ``S``, as a
+    float32 pair); backward recomputes the tiles."""
 
     @staticmethod
     def forward(
@@ -48,20 +49,22 @@ class _StickBreakingFunction(torch.autograd.Function):
             bias_hook=call.hook,
             bias_params=None if bias_tensor is None else bias_tensor.detach(),
         )
-        out, mass = kernels.stick_breaking_forward(q, k, v, call.positions, call.mask, **options)
-        ctx.save_for_backward(q, k, v, mass)
+        out, rowstats = kernels.stick_breaking_forward(
+            q, k, v, call.positions, call.mask, **options
+        )
+        ctx.save_for_backward(q, k, v, rowstats)
         ctx.call, ctx.options = call, options
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        q, k, v, mass = ctx.saved_tensors
+        q, k, v, rowstats = ctx.saved_tensors
         call = ctx.call
         kernels = load_kernel_module("stick_breaking")
         want_bias_grad = ctx.needs_input_grad[3]
         dq, dk, dv, dparams = kernels.stick_breaking_backward(
-            grad_out, q, k, v, mass, call.positions, call.mask,
+            grad_out, q, k, v, rowstats, call.positions, call.mask,
             bias_grad=want_bias_grad, **ctx.options,
         )  # fmt: skip
         d_bias = dparams.to(call.bias_tensor.dtype) if want_bias_grad else None

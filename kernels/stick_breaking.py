@@ -20,51 +20,79 @@ x_2 cos[s, t])`` (``g``: the optional per-channel gain, ``HAS_GAIN``); else ``q'
 bias ``b_ij`` is a hook of :mod:`.score_bias` passed in as the constexpr ``BIAS_FN`` (RSE:
 ``"linear_distance"``, ``b_ij = -lambda_h |p_i - p_j|``).
 
-Everything is in log space (``log(1 - beta) = -softplus(z)``)::
+Everything is in log space, base 2 (``log2(1 - beta) = -softplus(z) log2(e)``; below, ``sp`` is
+``softplus(z) log2(e)``, clamped at ``CLAMP``)::
 
-    log A_ij = logsigmoid(z_ij) - sum_{allowed l between} softplus(z_il)   (+ log 1/2)
+    log2 A_ij = log2 sigmoid(z_ij) - sum_{allowed l between} sp_il   (- 1 bidirectional)
 
-so logits of any finite magnitude give finite weights and gradients.
+so logits of any finite magnitude give finite weights and gradients. One tile computes ``z`` with
+``tl.dot``, ``e = 2^-|z|`` and ``log2(1 + e)`` (two special-function instructions; for 16-bit
+inputs half of the logs are a polynomial on the FMA units instead, :func:`_log2_1p`, which
+balances the two kinds of unit), ``sp = max(z, 0) + log2(1 + e)`` and ``log2 beta = z - sp``.
+The sums of ``sp`` over the nearer keys of its own block are a product with a constant
+triangular matrix of ones on the tensor cores (:func:`_key_sum`: float32 values split into two
+float16 terms, about 22 bits, for float32 inputs; one float16 term, 11 bits, for 16-bit ones),
+accumulated onto ``log2 beta`` minus the row's carry. A second exponential gives ``A``. Key blocks
+are visited in one loop per stick without any mask (padded and masked keys get a logit of ``NEG``
+through a per-key bias, which gives them ``sp = 0`` and ``A = 0``); the blocks that straddle the
+diagonal are peeled off the loop and masked. (The backward kernels on mma.sync GPUs sum with
+``tl.cumsum`` instead: there both operands of a product sit in registers, and the constant
+triangles would take too many.)
 
-Forward, per query block: key blocks are visited from the nearest to the farthest (left stick:
-from the diagonal block down to block 0; right stick: from the diagonal block up), carrying per row
-the sum of ``softplus(z)`` over the keys already passed (``-log`` of what is left of the stick;
-the tiles work in base 2, see ``_stick_tile``).
-Inside a block, ``tl.cumsum`` (reversed for the left stick) gives the part of that sum contributed
-by the nearer keys of the same block. ``sum_j A_ij v_j`` is accumulated with ``tl.dot`` and
-``sum_j A_ij`` (the row's mass, stored for the backward) alongside, both in fp32.
+Forward, per query block: key blocks from the nearest to the farthest, carrying per row the sum
+``S`` of ``sp`` over the blocks passed (``-log2`` of what is left of the stick), kept as a
+float32 pair (``hi + lo``, :func:`_two_sum`). The weights of a stick telescope, ``sum_j A_ij =
+1 - prod_j (1 - beta_ij) = 1 - 2^-S``, so the leftover that goes to the own value is ``2^-S``
+(the mean over both sticks, bidirectional), from the carry alone. It stores ``out`` and, per
+stick, ``S`` over all the keys (``rowstats``, float32 ``[batch, heads, 2 sides, seq]``).
 
 Backward. With ``g_ij = dO_i . (v_j - v_i)`` (``out_i = v_i + sum_j A_ij (v_j - v_i)``) and
 ``G_ij = A_ij g_ij``::
 
     dz_il = G_il (1 - beta_il) - beta_il * F_il,   F_il = sum_{allowed j farther than l} G_ij
     dq'_i = scale sum_l dz_il k'_l        dk'_l = scale sum_i dz_il q'_i
-    dv_j  = sum_i A_ij dO_i  +  (1 - sum_l A_jl) dO_j
+    dv_j  = sum_i A_ij dO_i  +  (1 - sum_l A_jl) dO_j          (1 - sum_l A_jl: from rowstats)
     dtheta = sum_il dz_il d b_il / d theta           (a learnable bias tensor theta, e.g. lambda)
 
-``F`` is a suffix sum in visit order: ``F_il = T_i - P_il`` with ``T_i = sum_j G_ij`` (the row
-total of one stick) and ``P_il`` the sum of ``G`` over the keys at least as near as ``l``.
+Both kernels visit the keys of a row from the farthest to the nearest, where ``F`` is a running
+sum: a carry per row plus, inside a block, a second triangular product. The ``-log2`` stick of a
+block's near edge is ``S`` (from the forward) minus the block sums passed so far, subtracted as a
+float32 pair, so it keeps the precision of a direct sum (the block sums are the forward's own
+where both use the same tiles and warps, as on Hopper and in the interpreter; elsewhere they may
+differ by their rounding, about ``1e-7 S`` over a row). ``G`` is brought into float16 range by
+a power of two ``s`` per (batch, head) (:func:`_g_scale`: ``|G_ij|``, and ``|F_il|`` as ``sum_j
+A_ij <= 1``, are at most ``2 |dO_i|_1 max|v|``; ``s`` brings the largest such bound of the head
+to at most ``2^14``, so ``|s dz| <= 2^15``); the kernels work with ``s G``, ``s F`` and ``s dz``
+and divide the finished ``dq'``, ``dk'`` and ``dtheta`` by ``s``.
 
-* Row kernel (one program per query block): pass A walks the key blocks nearest first and
-  computes ``T_i``; at the entry of each key block it stores the row's two running sums
-  (softplus and ``G``) as a checkpoint. Pass B walks them again and accumulates ``dq'``.
-* Column kernel (one program per key block): walks the query blocks; the checkpoints give every
-  tile its ``-log`` stick and ``P`` offsets, so each tile is exact on its own. It accumulates
-  ``dk'``, ``dv`` and, through the hook's ``BIAS_GRAD_FN``, its partial sums of ``dtheta``
-  (reduced with torch after the launch).
+* Row kernel (one program per query block): one pass over its key blocks, accumulating ``dq'``;
+  after each block but the nearest, it stores a checkpoint per row on the boundary between that
+  block and the next nearer one: the ``-log2`` stick there and ``s F`` there (``G`` summed over
+  the keys beyond it). It also stores ``delta_i = dO_i . v_i``.
+* Column kernel (one program per key block): walks the query blocks; the checkpoints on the two
+  edges of its block give every tile its offsets (at the near edge of a stick's nearest block
+  the ``-log2`` stick is 0, at the far edge of its farthest block ``F`` is 0: no checkpoint
+  there), so each tile is exact on its own. It accumulates ``dk'``, ``dv`` and, through the
+  hook's ``BIAS_GRAD_FN``, its partial sums of ``dtheta`` (reduced with torch after the launch).
 
 Why checkpoints: a program that owns a key block cannot know the ``-log`` stick of a tile (it
 depends on every key between that block and the query) without them; recomputing it would cost
-O(seq^3). Deterministic, no atomics. Besides O(seq) row data, the checkpoints take
-``2 * sides * seq * ceil(seq / BLOCK)`` fp32 per (batch, head) (``BLOCK`` times smaller than a
-``seq x seq`` matrix, which never exists). ``A`` is recomputed from q and k, never stored.
-``dq'`` and ``dk'`` are mapped back through the transform (its transpose) in registers.
+O(seq^3). Deterministic, no atomics. The checkpoints exist only on the boundaries between two
+key blocks that a stick of a query block visits (:func:`_boundaries`): two values per row and
+boundary, about ``sides * seq * ceil(seq / BLOCK_N)`` of them per (batch, head) (a triangle per
+stick), in float32 for float32 inputs and float16 for 16-bit ones. ``A`` is recomputed from q
+and k, never stored. ``dq'`` and ``dk'`` are mapped back through the transform (its transpose)
+in registers; the gradients are stored in the input dtype.
 
-Precision: across blocks the ``-log`` stick only ever grows by adding nearer terms first. Inside a
-block, the sum over the nearer keys is ``cumsum - softplus(z_j)``, which loses ``eps * |z_j|`` (so
-``A_ij`` has a relative error of about ``1e-7 * |z_ij|`` in fp32: nothing at ordinary logits, and
-still finite at ``|z| = 1e4``). Padded queries are computed like any other row (the mask removes
-keys only).
+Precision: the ``-log2`` stick of a key is the exact carry of the blocks nearer to the query plus
+the in-block sum, which loses about ``2^-22`` of the summed values (so ``A_ij`` has a relative
+error of about ``1e-6 * |log2 A_ij|`` in fp32, nothing at ordinary logits), and ``log2 beta``
+loses ``eps |z|`` (still finite, and within 1e-2, at ``|z| = 1e4``). With 16-bit inputs the
+in-block sums (``2^-12`` of each term), the polynomial logs (within ``2.3e-6``, the same
+elements in every kernel) and the float16 checkpoints (``2^-12``) stay below the rounding of the
+16-bit tiles fed to the products (tested: float16 inputs stay within 2e-3 of a float64
+reference, outputs and gradients). Padded queries are computed like any other row (the mask
+removes keys only).
 """
 
 from __future__ import annotations
@@ -79,6 +107,7 @@ from .common import (
     _program_setup,
     check_launch_inputs,
     dot_precision,
+    gpu_arch,
     prepare_launch,
     run_launch,
     smem_per_block,
@@ -95,6 +124,19 @@ __all__ = [
     "stick_breaking_backward",
     "stick_breaking_forward",
 ]
+
+# sp (softplus(z) * log2(e)) is clamped here before it is summed: a stick with this much broken
+# off leaves 2^-16384 = 0 for every key behind it anyway, and a clamped value is a float16.
+CLAMP: tl.constexpr = tl.constexpr(16384.0)
+# The base-2 logit of a padded or masked key (sp = 0, A = 0, beta = 0; finite, so no inf - inf).
+NEG: tl.constexpr = tl.constexpr(-1.0e30)
+# G is scaled by a power of two per (batch, head) so that |s G| <= 2^G_RANGE (float16 holds up
+# to 65504).
+G_RANGE = 14
+# Row statistics of the forward (rows of ``rowstats``): ``(S_hi, S_lo)`` of the left stick and,
+# bidirectional, of the right one.
+_STATS_LEFT: tl.constexpr = tl.constexpr(0)
+_STATS_RIGHT: tl.constexpr = tl.constexpr(2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,10 +168,15 @@ def _join_halves(x1, x2, HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr):
 
 @triton.jit
 def _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM: tl.constexpr):
-    """``cos``, ``sin`` of ``rows``: float32 ``[rows, HEAD_DIM/2]`` (rows past the end: 1, 0)."""
+    """``cos``, ``sin`` of ``rows``: float32 ``[rows, HEAD_DIM/2]`` (rows past the end: 1, 0;
+    ``row_ok`` None: every row is in bounds, no mask)."""
     tab = rows[:, None] * (HEAD_DIM // 2) + tl.arange(0, HEAD_DIM // 2)[None, :]
-    cos = tl.load(cos_base + tab, mask=row_ok[:, None], other=1.0)
-    sin = tl.load(sin_base + tab, mask=row_ok[:, None], other=0.0)
+    if row_ok is None:
+        cos = tl.load(cos_base + tab)
+        sin = tl.load(sin_base + tab)
+    else:
+        cos = tl.load(cos_base + tab, mask=row_ok[:, None], other=1.0)
+        sin = tl.load(sin_base + tab, mask=row_ok[:, None], other=0.0)
     return cos, sin
 
 
@@ -148,8 +195,8 @@ def _load_rotated(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
 ):
-    """A ``[rows, HEAD_DIM]`` tile in its input dtype (rows past the end read as 0), through the
-    tables if ``HAS_TABLES``.
+    """A ``[rows, HEAD_DIM]`` tile in its input dtype (rows past the end read as 0; ``row_ok``
+    None: every row is in bounds, no mask), through the tables if ``HAS_TABLES``.
 
     ``x' = g * (R x)``: the tile is loaded once and split into its pair halves in registers,
     ``x'_1 = x_1 cos - x_2 sin``, ``x'_2 = x_1 sin + x_2 cos`` in fp32 with ``cos``/``sin``
@@ -157,8 +204,11 @@ def _load_rotated(
     ``g`` if ``HAS_GAIN``.
     """
     d = tl.arange(0, HEAD_DIM)
-    x = tl.load(base + rows[:, None] * stride_s + d[None, :] * stride_d, mask=row_ok[:, None],
-                other=0.0)  # fmt: skip
+    if row_ok is None:
+        x = tl.load(base + rows[:, None] * stride_s + d[None, :] * stride_d)
+    else:
+        x = tl.load(base + rows[:, None] * stride_s + d[None, :] * stride_d, mask=row_ok[:, None],
+                    other=0.0)  # fmt: skip
     if HAS_TABLES:
         cos, sin = _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM)
         x1, x2 = _pair_halves(x.to(tl.float32), HEAD_DIM, HALF_LAYOUT)
@@ -184,7 +234,8 @@ def _store_unrotated(
     HAS_GAIN: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
 ):
-    """Store a gradient w.r.t. ``x'`` as one w.r.t. ``x`` into a contiguous fp32 ``[seq, D]``.
+    """Store a float32 gradient w.r.t. ``x'`` as one w.r.t. ``x`` into a contiguous ``[seq, D]``
+    (of ``base``'s dtype).
 
     ``dx = R(p)^T (g * dx')``: with ``y = g * dx'`` split into pair halves in registers,
     ``dx_1 = y_1 cos + y_2 sin``, ``dx_2 = y_2 cos - y_1 sin``.
@@ -196,7 +247,10 @@ def _store_unrotated(
         cos, sin = _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM)
         y1, y2 = _pair_halves(grad, HEAD_DIM, HALF_LAYOUT)
         grad = _join_halves(y1 * cos + y2 * sin, y2 * cos - y1 * sin, HEAD_DIM, HALF_LAYOUT)
-    tl.store(base + rows[:, None] * HEAD_DIM + d[None, :], grad, mask=row_ok[:, None])
+    tl.store(
+        base + rows[:, None] * HEAD_DIM + d[None, :], grad.to(base.dtype.element_ty),
+        mask=row_ok[:, None],
+    )  # fmt: skip
 
 
 @triton.jit
@@ -222,26 +276,28 @@ def _load_keys(
     HAS_GAIN: tl.constexpr,
     BIAS_FN: tl.constexpr,
 ):
-    """Key block ``kb``: indices, real-key flags, positions (read only for a score bias), ``k'``
-    and ``v`` (input dtype)."""
+    """Key block ``kb``: indices, real-key flags, the per-key logit bias (0 for a real key,
+    ``NEG`` for a padded or masked one), positions (read only for a score bias), ``k'`` and ``v``
+    (input dtype; the keys past the end hold the last key's, with a weight of 0)."""
     cols = kb * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < seq_len
     key_ok = col_in
     if HAS_MASK:
         key_ok = key_ok & (tl.load(mask_base + cols, mask=col_in, other=0) != 0)
+    kbias = tl.where(key_ok, 0.0, NEG)
     if BIAS_FN is not None:
         pos_j = tl.load(pos_base + cols, mask=col_in, other=0.0)
     else:
         pos_j = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # keys past the end read the last one's k and v (their A is 0): no masks on these loads
+    inside = tl.minimum(cols, seq_len - 1)
     k = _load_rotated(
-        k_base, cols, col_in, stride_ks, stride_kd, cos_base, sin_base, HALF_LAYOUT, gain,
+        k_base, inside, None, stride_ks, stride_kd, cos_base, sin_base, HALF_LAYOUT, gain,
         HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(k_base.dtype.element_ty)  # fmt: skip
     d = tl.arange(0, HEAD_DIM)
-    v = tl.load(
-        v_base + cols[:, None] * stride_vs + d[None, :] * stride_vd, mask=col_in[:, None], other=0.0
-    )
-    return cols, key_ok, pos_j, k, v
+    v = tl.load(v_base + inside[:, None] * stride_vs + d[None, :] * stride_vd)
+    return cols, key_ok, kbias, pos_j, k, v
 
 
 @triton.jit
@@ -265,55 +321,226 @@ def _row_positions(pos_base, rows, row_ok, ROWS: tl.constexpr, BIAS_FN: tl.const
 
 
 @triton.jit
-def _stick_tile(
+def _tri_matrix(
+    BLOCK_N: tl.constexpr, LEFT: tl.constexpr, NEARER: tl.constexpr, SIGN: tl.constexpr
+):
+    """``T [BLOCK_N, BLOCK_N]`` float16 with ``T[j, l] = SIGN`` where key ``j`` of a block is
+    nearer to the queries of the stick than key ``l`` (``NEARER``) or farther from them, else 0:
+    ``x @ T`` sums each row of ``x`` over the nearer (farther) keys of every column. Built once,
+    before a loop, so it stays in shared memory."""
+    j = tl.arange(0, BLOCK_N)
+    if LEFT == NEARER:  # left stick, nearer keys; right stick, farther keys: higher indices
+        pick = j[:, None] > j[None, :]
+    else:
+        pick = j[:, None] < j[None, :]
+    return tl.where(pick, SIGN, 0.0).to(tl.float16)
+
+
+@triton.jit
+def _key_sum(
+    x,
+    tri,
+    acc,
+    LEFT: tl.constexpr,
+    NEARER: tl.constexpr,
+    SIGN: tl.constexpr,
+    TWO_TERMS: tl.constexpr,
+):
+    """``acc + SIGN * (x summed, in each column l, over the keys of the block nearer to the
+    queries than l (``NEARER``) or farther from them)``, for a float32 tile ``x``.
+
+    With ``tri`` (:func:`_tri_matrix`, for ``|x| <= 2^14``): ``acc + x @ tri`` on the tensor
+    cores, the products exact as ``tri`` holds 0 and +-1. ``TWO_TERMS``: ``x`` is split into two
+    float16 terms (``x = hi + lo`` to about 22 bits, for float32 inputs); else it is rounded to
+    one float16 (11 bits, for 16-bit inputs, whose tiles are rounded to 8 or 11 bits anyway). The
+    products accumulate in float32. ``tri`` None: a float32 ``tl.cumsum`` (more instructions,
+    no constant operand held in registers: the choice for mma.sync GPUs)."""
+    if tri is None:
+        out = acc + SIGN * (tl.cumsum(x, axis=1, reverse=LEFT == NEARER) - x)
+    else:
+        hi = x.to(tl.float16)
+        if TWO_TERMS:
+            acc = tl.dot((x - hi.to(tl.float32)).to(tl.float16), tri, acc=acc)
+        out = tl.dot(hi, tri, acc=acc)
+    return out
+
+
+@triton.jit
+def _two_sum(hi, lo, x):
+    """``(hi, lo) + x`` as a float32 pair: ``hi`` the rounded sum, ``lo`` the running sum of
+    the rounding errors (Knuth's TwoSum, exact in IEEE arithmetic)."""
+    s = hi + x
+    b = s - hi
+    return s, lo + ((hi - (s - b)) + (x - b))
+
+
+@triton.jit
+def _log2_1p(e):
+    """``log2(1 + e)`` for ``e`` in ``[0, 1]`` on the FMA units: a degree-6 polynomial (fitted
+    to minimise the largest error, about 2.2e-6 in float32) instead of the special-function
+    unit's ``lg2``. That unit computes every exponential of a tile (two per element in the
+    forward, three in the backward); taking half of the logs off it balances it with the FMA
+    units. For 16-bit inputs."""
+    p = e * -0.026456686 + 0.123449239
+    p = p * e - 0.279535676
+    p = p * e + 0.458269579
+    p = p * e - 0.718281651
+    p = p * e + 1.442553126
+    return p * e
+
+
+@triton.jit
+def _log2_1p_exp2(x, HALF_POLY: tl.constexpr):
+    """``log2(1 + 2^-|x|)`` of a float32 tile: the approximate ``lg2`` of ``1 + e`` (its
+    argument in ``[1, 2]``); if ``HALF_POLY``, the polynomial :func:`_log2_1p` of ``e`` for the
+    odd columns instead. The forward and both backward kernels make the same choice for the
+    same (query, key) pair, so that their sums of ``sp`` agree."""
+    if HALF_POLY:
+        rows: tl.constexpr = x.shape[0]
+        cols: tl.constexpr = x.shape[1]
+        x_mufu, x_fma = tl.split(tl.reshape(x, [rows, cols // 2, 2]))
+        out = tl.reshape(
+            tl.join(fast_log2(1.0 + tl.exp2(-tl.abs(x_mufu))), _log2_1p(tl.exp2(-tl.abs(x_fma)))),
+            [rows, cols],
+        )
+    else:
+        out = fast_log2(1.0 + tl.exp2(-tl.abs(x)))
+    return out
+
+
+@triton.jit
+def _tile_logs(
     q,
     k,
     rows,
     cols,
     row_ok,
     key_ok,
+    kbias,
     pos_i,
     pos_j,
-    log_stick,
-    scale,
+    scale2,
     bias_params,
     LEFT: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
     BIAS_FN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One ``[rows, cols]`` tile of one stick, in base 2.
-
-    ``log_stick`` ``[rows]`` is the sum of ``softplus(z) * log2(e)`` over the allowed keys of this
-    stick in the blocks nearer to the query than this one. Returns ``allowed``,
-    ``softplus(z) * log2(e)`` (0 where not allowed), the weights ``A`` and ``beta = sigmoid(z)``
-    (both 0 where not allowed). Base 2 makes every exponential one ``exp2`` and the logarithm one
-    approximate ``log2`` (:func:`.fast_math.fast_log2`).
-    """
-    # z2 = z * log2(e)
-    z2 = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * LOG2E)
+    """One ``[rows, cols]`` tile of one stick in base 2: ``sp = min(softplus(z) log2 e,
+    CLAMP)`` and ``lb = log2 sigmoid(z)``. Keys with the bias ``NEG`` get ``sp = 0`` and
+    ``lb = NEG``; ``MASKED`` (the tiles on the diagonal) also gives those to the keys on the
+    other side of the query (and to padded queries)."""
+    # z2 = z * log2(e); the per-key bias fuses into the scaling (one FFMA)
+    z2 = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale2 + kbias[None, :]
     if BIAS_FN is not None:  # the score-bias hook, times log2(e)
         z2 += BIAS_FN(
             rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :], bias_params, True
         )
+    # softplus(z) = max(z, 0) + log(1 + e^-|z|); logsigmoid(z) = min(z, 0) - log(1 + e^-|z|);
+    # here times log2(e). 16-bit inputs: half of the logs on the FMA units (see _log2_1p).
+    log1p_exp = _log2_1p_exp2(z2, k.dtype != tl.float32)
+    sp = tl.maximum(z2, 0.0) + log1p_exp
+    log_beta = z2 - sp  # min(z, 0) - log(1 + e^-|z|), to eps |z|
+    sp = tl.minimum(sp, CLAMP)
+    if MASKED:
+        if LEFT:
+            side = cols[None, :] < rows[:, None]
+        else:
+            side = cols[None, :] > rows[:, None]
+        allowed = side & row_ok[:, None] & key_ok[None, :]
+        sp = tl.where(allowed, sp, 0.0)
+        log_beta = tl.where(allowed, log_beta, NEG)
+    return sp, log_beta
+
+
+@triton.jit
+def _before(kb, R: tl.constexpr):
+    """``sum_{kb' < kb} kb' // R``."""
+    qb = kb // R
+    return R * qb * (qb - 1) // 2 + (kb % R) * qb
+
+
+@triton.jit
+def _boundaries(kb, m, num_m, num_kb, R: tl.constexpr, LEFT: tl.constexpr):
+    """The checkpoint slots at the near and the far edge of key block ``kb`` for query block
+    ``m`` (``R`` key blocks tall), and whether each exists: ``(near, has_near, far, has_far)``.
+
+    Checkpoints sit on the boundaries between two consecutive key blocks that a stick visits;
+    boundary ``b`` lies between key blocks ``b`` and ``b + 1``. The left stick of ``m`` visits
+    key blocks ``0 .. last`` (``last = min(m R + R - 1, num_kb - 1)``), the right one ``m R ..
+    num_kb - 1``. There is none at the near edge of the nearest block (where the ``-log2``
+    stick is 0) nor at the far edge of the farthest (where ``F`` is 0). Slots are numbered
+    boundary by boundary over the query blocks that visit it, so only visited pairs have one."""
     if LEFT:
-        side = cols[None, :] < rows[:, None]
+        near = kb  # the boundary between kb and kb + 1
+        has_near = kb < tl.minimum(m * R + R - 1, num_kb - 1)
+        far = kb - 1
+        has_far = kb > 0
     else:
-        side = cols[None, :] > rows[:, None]
-    allowed = side & row_ok[:, None] & key_ok[None, :]
-    # softplus(z) = max(z, 0) + log(1 + e^-|z|); logsigmoid(z) = z - softplus(z); here times
-    # log2(e), the argument of the log in [1, 2].
-    log1p_exp = fast_log2(1.0 + tl.exp2(-tl.abs(z2)))
-    log_beta = tl.minimum(z2, 0.0) - log1p_exp
-    sp = tl.where(allowed, tl.maximum(z2, 0.0) + log1p_exp, 0.0)
-    # Nearer keys of this block: after j for the left stick, before j for the right one.
-    nearer = tl.cumsum(sp, axis=1, reverse=LEFT) - sp
-    log_a = log_beta - log_stick[:, None] - nearer
+        near = kb - 1
+        has_near = kb > m * R
+        far = kb
+        has_far = kb < num_kb - 1
+    return _slot(near, m, num_m, R, LEFT), has_near, _slot(far, m, num_m, R, LEFT), has_far
+
+
+@triton.jit
+def _all_or_none(ROWS: tl.constexpr, flag):
+    """A ``[ROWS]`` mask, all true if the scalar ``flag`` is, else all false."""
+    return tl.arange(0, ROWS) < tl.where(flag, ROWS, 0)
+
+
+@triton.jit
+def _slot(b, m, num_m, R: tl.constexpr, LEFT: tl.constexpr):
+    """The slot of boundary ``b`` for query block ``m`` (see :func:`_boundaries`). Left stick:
+    boundary ``b`` is visited by the query blocks ``m >= (b + 1) // R``; right stick: by
+    ``m <= b // R``."""
+    if LEFT:
+        slot = b * num_m - _before(b + 1, R) + m - (b + 1) // R
+    else:
+        slot = _before(b, R) + b + m
+    return slot.to(tl.int64)
+
+
+def _num_slots(num_m: int, num_kb: int, r: int, left: bool) -> int:
+    """The number of checkpoint slots of one stick (see :func:`_slot`)."""
+
+    def before(kb: int) -> int:
+        qb = kb // r
+        return r * qb * (qb - 1) // 2 + (kb % r) * qb
+
+    if num_kb < 2:
+        return 0
+    return (num_kb - 1) * num_m - before(num_kb) if left else before(num_kb - 1) + num_kb - 1
+
+
+@triton.jit
+def _stats_base(stats_ptr, bh, seq_len, CAUSAL: tl.constexpr):
+    """This (batch, head)'s rows of ``rowstats``: ``(S_hi, S_lo)`` per stick, ``seq_len`` each."""
+    if CAUSAL:
+        n_stats = 2
+    else:
+        n_stats = 4
+    return stats_ptr + bh * n_stats * seq_len
+
+
+@triton.jit
+def _stick_total(base, rows, row_ok, seq_len):
+    """A stick's ``S = S_hi + S_lo`` of ``rows``, from its two rows of ``rowstats``."""
+    return tl.load(base + rows, mask=row_ok, other=0.0) + tl.load(
+        base + seq_len + rows, mask=row_ok, other=0.0
+    )
+
+
+@triton.jit
+def _leftover(s_left, s_right, CAUSAL: tl.constexpr):
+    """``1 - sum_j A_ij`` from the sticks' totals ``S`` (``-log2`` of what is left of each):
+    ``2^-S`` causal, the mean over both sticks bidirectional (``s_right`` unused if causal).
+    The weights of a stick telescope, ``sum_j A_ij = 1 - prod_j (1 - beta_ij)``."""
+    left = tl.exp2(-s_left)
     if not CAUSAL:
-        log_a += -1.0  # log2(1/2): each stick holds half of the mass
-    a = tl.where(allowed, tl.exp2(log_a), 0.0)
-    beta = tl.where(allowed, tl.exp2(log_beta), 0.0)
-    return allowed, sp, a, beta
+        left = 0.5 * (left + tl.exp2(-s_right))
+    return left
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,14 +549,16 @@ def _stick_tile(
 
 
 @triton.jit
-def _forward_one_stick(
+def _forward_tile(
     acc,
-    mass,
+    s_hi,
+    s_lo,
     q,
     rows,
     row_ok,
     pos_i,
-    pid_m,
+    kb,
+    near,
     k_base,
     v_base,
     pos_base,
@@ -343,7 +572,65 @@ def _forward_one_stick(
     HALF_LAYOUT: tl.constexpr,
     gain,
     seq_len,
-    scale,
+    scale2,
+    bias_params,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    LEFT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Key block ``kb`` of one stick: add its ``A v`` to ``acc`` and its ``sp`` to the row's
+    carry ``(s_hi, s_lo)``."""
+    cols, key_ok, kbias, pos_j, k, v = _load_keys(
+        kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
+        stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
+        HAS_TABLES, HAS_GAIN, BIAS_FN,
+    )  # fmt: skip
+    sp, log_beta = _tile_logs(
+        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, LEFT,
+        MASKED, BIAS_FN, DOT_PRECISION,
+    )  # fmt: skip
+    stick = s_hi + s_lo
+    if not CAUSAL:
+        stick += 1.0  # log2(2): each stick holds half of the mass
+    # log2 A = log2 beta - (carry) - (sp of the nearer keys of this block)
+    a = tl.exp2(
+        _key_sum(sp, near, log_beta - stick[:, None], LEFT, True, -1.0, k.dtype == tl.float32)
+    )
+    acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PRECISION)
+    s_hi, s_lo = _two_sum(s_hi, s_lo, tl.sum(sp, axis=1))
+    return acc, s_hi, s_lo
+
+
+@triton.jit
+def _forward_one_stick(
+    acc,
+    q,
+    rows,
+    row_ok,
+    pos_i,
+    pid_m,
+    stats_base,
+    k_base,
+    v_base,
+    pos_base,
+    mask_base,
+    cos_base,
+    sin_base,
+    stride_ks,
+    stride_kd,
+    stride_vs,
+    stride_vd,
+    HALF_LAYOUT: tl.constexpr,
+    gain,
+    seq_len,
+    scale2,
     bias_params,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -355,34 +642,50 @@ def _forward_one_stick(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MMA_SCAN: tl.constexpr,
 ):
-    """Add one stick's ``sum_j A_ij v_j`` to ``acc`` and ``sum_j A_ij`` to ``mass``."""
+    """Add one stick's ``sum_j A_ij v_j`` to ``acc``; store the stick's total ``S`` (a float32
+    pair) at ``stats_base`` and return it (``hi + lo``)."""
     num_kb = tl.cdiv(seq_len, BLOCK_N)
-    if LEFT:  # the last key block holding a key left of some row of this query block
-        first = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 2) // BLOCK_N, num_kb - 1)
-        count = first + 1
-    else:  # the first key block holding a key right of some row
-        first = (pid_m * BLOCK_M + 1) // BLOCK_N
-        count = num_kb - first
-    log_stick = tl.zeros([BLOCK_M], dtype=tl.float32)
+    R: tl.constexpr = BLOCK_M // BLOCK_N
+    band = pid_m * R  # the first of the R key blocks beside these queries
+    near = None  # without MMA_SCAN: tl.cumsum (see _key_sum)
+    if MMA_SCAN:
+        near = _tri_matrix(BLOCK_N, LEFT, True, -1.0)
+    s_hi = tl.zeros([BLOCK_M], dtype=tl.float32)
+    s_lo = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # The key blocks beside the queries first (masked), nearest first.
+    for t in tl.static_range(R):
+        if LEFT:
+            kb = band + (R - 1 - t)
+        else:
+            kb = band + t
+        if kb < num_kb:
+            acc, s_hi, s_lo = _forward_tile(
+                acc, s_hi, s_lo, q, rows, row_ok, pos_i, kb, near, k_base, v_base,
+                pos_base, mask_base, cos_base, sin_base, stride_ks, stride_kd, stride_vs,
+                stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias_params, HEAD_DIM, BLOCK_N,
+                LEFT, CAUSAL, True, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+            )  # fmt: skip
+    # Then every other key block of the stick, nearest first, unmasked.
+    if LEFT:
+        count = band
+    else:
+        count = num_kb - band - R
     for step in range(count):
         if LEFT:
-            kb = first - step
+            kb = band - 1 - step
         else:
-            kb = first + step
-        cols, key_ok, pos_j, k, v = _load_keys(
-            kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
-            HAS_TABLES, HAS_GAIN, BIAS_FN,
+            kb = band + R + step
+        acc, s_hi, s_lo = _forward_tile(
+            acc, s_hi, s_lo, q, rows, row_ok, pos_i, kb, near, k_base, v_base, pos_base,
+            mask_base, cos_base, sin_base, stride_ks, stride_kd, stride_vs, stride_vd,
+            HALF_LAYOUT, gain, seq_len, scale2, bias_params, HEAD_DIM, BLOCK_N, LEFT, CAUSAL,
+            False, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
         )  # fmt: skip
-        _allowed, sp, a, _beta = _stick_tile(
-            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, bias_params,
-            LEFT, CAUSAL, BIAS_FN, DOT_PRECISION,
-        )  # fmt: skip
-        acc += tl.dot(a.to(v.dtype), v, input_precision=DOT_PRECISION)
-        mass += tl.sum(a, axis=1)
-        log_stick += tl.sum(sp, axis=1)
-    return acc, mass
+    tl.store(stats_base + rows, s_hi, mask=row_ok)
+    tl.store(stats_base + seq_len + rows, s_lo, mask=row_ok)
+    return acc, s_hi + s_lo
 
 
 @triton.jit
@@ -391,7 +694,7 @@ def _stick_fwd_kernel(
     k_ptr,
     v_ptr,
     out_ptr,
-    mass_ptr,
+    stats_ptr,
     pos_ptr,
     mask_ptr,
     cos_ptr,
@@ -429,6 +732,7 @@ def _stick_fwd_kernel(
     HAS_GAIN: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MMA_SCAN: tl.constexpr,
 ):
     pid_m, bh, q_base, k_base, v_base, out_base, pos_base, mask_base, cos_base, sin_base, bias = (
         _program_setup(
@@ -447,56 +751,98 @@ def _stick_fwd_kernel(
         q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
         gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(q_ptr.dtype.element_ty)  # fmt: skip
+    scale2 = scale * LOG2E
+    stats_base = _stats_base(stats_ptr, bh, seq_len, CAUSAL)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    mass = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, mass = _forward_one_stick(
-        acc, mass, q, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base, cos_base,
-        sin_base, stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain,
-        seq_len, scale, bias, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, HAS_MASK, BIAS_FN,
-        HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+    acc, s_left = _forward_one_stick(
+        acc, q, rows, row_ok, pos_i, pid_m, stats_base + _STATS_LEFT * seq_len, k_base,
+        v_base, pos_base, mask_base, cos_base, sin_base, stride_ks, stride_kd, stride_vs,
+        stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M, BLOCK_N, True,
+        CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION, MMA_SCAN,
     )  # fmt: skip
+    s_right = s_left  # unused when causal
     if not CAUSAL:
-        acc, mass = _forward_one_stick(
-            acc, mass, q, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
-            cos_base, sin_base, stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT,
-            gain, seq_len, scale, bias, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, HAS_MASK,
-            BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+        acc, s_right = _forward_one_stick(
+            acc, q, rows, row_ok, pos_i, pid_m, stats_base + _STATS_RIGHT * seq_len,
+            k_base, v_base, pos_base, mask_base, cos_base, sin_base, stride_ks, stride_kd,
+            stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M,
+            BLOCK_N, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+            MMA_SCAN,
         )  # fmt: skip
 
     v_own = tl.load(
         v_base + rows[:, None] * stride_vs + d[None, :] * stride_vd, mask=row_ok[:, None], other=0.0
     ).to(tl.float32)
-    out = acc + (1.0 - mass)[:, None] * v_own  # the leftover stick goes to the own value
+    # the leftover stick (1 - sum_j A_ij) goes to the own value
+    out = acc + _leftover(s_left, s_right, CAUSAL)[:, None] * v_own
     out_ptrs = out_base + rows[:, None] * HEAD_DIM + d[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(mass_ptr + bh * seq_len + rows, mass, mask=row_ok)
 
 
 # --------------------------------------------------------------------------------------------
-# Backward: row kernel (row totals, checkpoints, dq)
+# Backward: row kernel (checkpoints, dq)
 # --------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _backward_rows_one_stick(
+def _tile_grads(
+    sp,
+    log_beta,
+    edge,
+    f_s,
+    do,
+    v,
+    s,
+    delta_s,
+    near,
+    far,
+    LEFT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The backward of one tile from its logs (:func:`_tile_logs`) and its offsets per row:
+    ``edge``, the ``-log2`` stick at the block's near edge, and ``f_s``, ``s F`` at its far edge
+    (``s``: the scale of G, ``delta_s = s dO_i . v_i``). Returns ``A``, ``s G`` and ``s dz``."""
+    two_terms: tl.constexpr = v.dtype == tl.float32
+    if not CAUSAL:
+        edge += 1.0  # log2(2): each stick holds half of the mass
+    a = tl.exp2(_key_sum(sp, near, log_beta - edge[:, None], LEFT, True, -1.0, two_terms))
+    g_s = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) * s - delta_s[:, None]
+    ga = a * g_s  # s G
+    # s (G + F): F is G summed over the farther keys (the carry, then this block's)
+    gf = _key_sum(ga, far, ga + f_s[:, None], LEFT, False, 1.0, two_terms)
+    dz = ga - tl.exp2(log_beta) * gf  # s dz = s (G (1 - beta) - beta F)
+    return a, ga, dz
+
+
+@triton.jit
+def _rows_tile(
     dq,
+    n_hi,
+    n_lo,
+    f_s,
     q,
     do,
-    delta,
+    s,
+    delta_s,
     rows,
     row_ok,
     pos_i,
+    kb,
     pid_m,
+    num_m,
+    num_kb,
+    near,
+    far,
+    ckpt_r_base,
+    ckpt_f_base,
     k_base,
     v_base,
     pos_base,
     mask_base,
     cos_base,
     sin_base,
-    ckpt_sp_base,
-    ckpt_g_base,
-    total_base,
     stride_ks,
     stride_kd,
     stride_vs,
@@ -504,10 +850,79 @@ def _backward_rows_one_stick(
     HALF_LAYOUT: tl.constexpr,
     gain,
     seq_len,
-    scale,
+    scale2,
     bias_params,
     HEAD_DIM: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    LEFT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Key block ``kb`` of one stick, visited farthest first: add ``s dz k'`` to ``dq``, store
+    the checkpoints at its near edge. ``(n_hi, n_lo)``: ``S`` minus the blocks already visited
+    (the ``-log2`` stick at this block's far edge); ``f_s``: ``s F`` at its far edge."""
+    cols, key_ok, kbias, pos_j, k, v = _load_keys(
+        kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
+        stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
+        HAS_TABLES, HAS_GAIN, BIAS_FN,
+    )  # fmt: skip
+    sp, log_beta = _tile_logs(
+        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, LEFT,
+        MASKED, BIAS_FN, DOT_PRECISION,
+    )  # fmt: skip
+    n_hi, n_lo = _two_sum(n_hi, n_lo, -tl.sum(sp, axis=1))
+    edge = tl.where(row_ok, n_hi + n_lo, 0.0)  # -log2 stick at the near edge of this block
+    a, ga, dz = _tile_grads(
+        sp, log_beta, edge, f_s, do, v, s, delta_s, near, far, LEFT, CAUSAL, DOT_PRECISION
+    )
+    dq += tl.dot(dz.to(k.dtype), k, input_precision=DOT_PRECISION)
+    f_s += tl.sum(ga, axis=1)
+    slot, has_near, _, _ = _boundaries(kb, pid_m, num_m, num_kb, BLOCK_M // BLOCK_N, LEFT)
+    at = slot * BLOCK_M + tl.arange(0, BLOCK_M)
+    keep = _all_or_none(BLOCK_M, has_near)  # padded rows too: the slot is read whole
+    tl.store(ckpt_r_base + at, edge.to(ckpt_r_base.dtype.element_ty), mask=keep)
+    tl.store(ckpt_f_base + at, f_s.to(ckpt_f_base.dtype.element_ty), mask=keep)
+    return dq, n_hi, n_lo, f_s
+
+
+@triton.jit
+def _backward_rows_one_stick(
+    dq,
+    q,
+    do,
+    s,
+    delta_s,
+    rows,
+    row_ok,
+    pos_i,
+    pid_m,
+    stats_base,
+    ckpt_r_base,
+    ckpt_f_base,
+    k_base,
+    v_base,
+    pos_base,
+    mask_base,
+    cos_base,
+    sin_base,
+    stride_ks,
+    stride_kd,
+    stride_vs,
+    stride_vd,
+    HALF_LAYOUT: tl.constexpr,
+    gain,
+    seq_len,
+    scale2,
+    bias_params,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     LEFT: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -515,64 +930,54 @@ def _backward_rows_one_stick(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MMA_SCAN: tl.constexpr,
 ):
-    """One stick of a query block: store its checkpoints and row totals, add its part of dq'."""
-    num_kb = tl.cdiv(seq_len, BLOCK)
+    """One stick of a query block, farthest key block first: its checkpoints and ``s dq'``."""
+    num_kb = tl.cdiv(seq_len, BLOCK_N)
+    num_m = tl.cdiv(seq_len, BLOCK_M)
+    R: tl.constexpr = BLOCK_M // BLOCK_N
+    band = pid_m * R
+    near = None  # without MMA_SCAN: tl.cumsum (see _key_sum)
+    far = None
+    if MMA_SCAN:
+        near = _tri_matrix(BLOCK_N, LEFT, True, -1.0)
+        far = _tri_matrix(BLOCK_N, LEFT, False, 1.0)
+    n_hi = tl.load(stats_base + rows, mask=row_ok, other=0.0)
+    n_lo = tl.load(stats_base + seq_len + rows, mask=row_ok, other=0.0)
+    f_s = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # The key blocks away from the diagonal, unmasked, farthest first.
     if LEFT:
-        count = pid_m + 1
+        count = band
     else:
-        count = num_kb - pid_m
-
-    # Pass A: the row totals T_i = sum_j G_ij; at each key block's entry, the checkpoints.
-    log_stick = tl.zeros([BLOCK], dtype=tl.float32)
-    g_sum = tl.zeros([BLOCK], dtype=tl.float32)
+        count = num_kb - band - R
     for step in range(count):
         if LEFT:
-            kb = pid_m - step
+            kb = step
         else:
-            kb = pid_m + step
-        tl.store(ckpt_sp_base + kb * seq_len + rows, log_stick, mask=row_ok)
-        tl.store(ckpt_g_base + kb * seq_len + rows, g_sum, mask=row_ok)
-        cols, key_ok, pos_j, k, v = _load_keys(
-            kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
-            HAS_TABLES, HAS_GAIN, BIAS_FN,
+            kb = num_kb - 1 - step
+        dq, n_hi, n_lo, f_s = _rows_tile(
+            dq, n_hi, n_lo, f_s, q, do, s, delta_s, rows, row_ok, pos_i, kb, pid_m, num_m,
+            num_kb, near, far, ckpt_r_base, ckpt_f_base, k_base,
+            v_base, pos_base, mask_base, cos_base, sin_base, stride_ks, stride_kd, stride_vs,
+            stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias_params, HEAD_DIM, BLOCK_M,
+            BLOCK_N, LEFT, CAUSAL, False, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
+            DOT_PRECISION,
         )  # fmt: skip
-        _allowed, sp, a, _beta = _stick_tile(
-            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, bias_params,
-            LEFT, CAUSAL, BIAS_FN, DOT_PRECISION,
-        )  # fmt: skip
-        g = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None]
-        log_stick += tl.sum(sp, axis=1)
-        g_sum += tl.sum(a * g, axis=1)
-    total = g_sum
-    tl.store(total_base + rows, total, mask=row_ok)
-
-    # Pass B: dz_il = G_il (1 - beta_il) - beta_il (T_i - P_il);  dq' += dz k'.
-    log_stick = tl.zeros([BLOCK], dtype=tl.float32)
-    g_sum = tl.zeros([BLOCK], dtype=tl.float32)
-    for step in range(count):
+    # The R key blocks beside the queries, masked, farthest first.
+    for t in tl.static_range(R):
         if LEFT:
-            kb = pid_m - step
+            kb = band + t
         else:
-            kb = pid_m + step
-        cols, key_ok, pos_j, k, v = _load_keys(
-            kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-            stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
-            HAS_TABLES, HAS_GAIN, BIAS_FN,
-        )  # fmt: skip
-        allowed, sp, a, beta = _stick_tile(
-            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, bias_params,
-            LEFT, CAUSAL, BIAS_FN, DOT_PRECISION,
-        )  # fmt: skip
-        ga = a * (tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None])
-        # P_il: G summed over the keys at least as near to the query as l.
-        near_or_at = g_sum[:, None] + tl.cumsum(ga, axis=1, reverse=LEFT)
-        dz = ga * (1.0 - beta) - beta * (total[:, None] - near_or_at)
-        dz = tl.where(allowed, dz, 0.0)
-        dq += tl.dot(dz.to(k.dtype), k, input_precision=DOT_PRECISION)
-        log_stick += tl.sum(sp, axis=1)
-        g_sum += tl.sum(ga, axis=1)
+            kb = band + (R - 1 - t)
+        if kb < num_kb:
+            dq, n_hi, n_lo, f_s = _rows_tile(
+                dq, n_hi, n_lo, f_s, q, do, s, delta_s, rows, row_ok, pos_i, kb, pid_m, num_m,
+                num_kb, near, far, ckpt_r_base, ckpt_f_base, k_base,
+                v_base, pos_base, mask_base, cos_base, sin_base, stride_ks, stride_kd,
+                stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias_params, HEAD_DIM,
+                BLOCK_M, BLOCK_N, LEFT, CAUSAL, True, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
+                DOT_PRECISION,
+            )  # fmt: skip
     return dq
 
 
@@ -583,10 +988,11 @@ def _stick_bwd_rows_kernel(
     v_ptr,
     do_ptr,
     dq_ptr,
-    delta_ptr,
-    total_ptr,
-    ckpt_sp_ptr,
-    ckpt_g_ptr,
+    stats_ptr,
+    rowdata_ptr,
+    gscale_ptr,
+    ckpt_r_ptr,
+    ckpt_f_ptr,
     pos_ptr,
     mask_ptr,
     cos_ptr,
@@ -616,8 +1022,11 @@ def _stick_bwd_rows_kernel(
     num_heads,
     seq_len,
     scale,
+    ckpt_stride,
+    ckpt_right,
     HEAD_DIM: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     BIAS_FN: tl.constexpr,
@@ -625,6 +1034,7 @@ def _stick_bwd_rows_kernel(
     HAS_GAIN: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MMA_SCAN: tl.constexpr,
 ):
     pid_m, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base, bias = (
         _program_setup(
@@ -634,56 +1044,146 @@ def _stick_bwd_rows_kernel(
             seq_len, CAUSAL,
         )
     )  # fmt: skip
-    num_kb = tl.cdiv(seq_len, BLOCK)
-    rows = pid_m * BLOCK + tl.arange(0, BLOCK)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
-    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK, BIAS_FN)
+    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN)
     q = _load_rotated(
         q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
         gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
     ).to(q_ptr.dtype.element_ty)  # fmt: skip
-    do_ptrs = do_base + rows[:, None] * stride_dos
-    do = tl.load(do_ptrs + d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
+    do = tl.load(
+        do_base + rows[:, None] * stride_dos + d[None, :] * stride_dod, mask=row_ok[:, None],
+        other=0.0,
+    )  # fmt: skip
     v_own = tl.load(
         v_base + rows[:, None] * stride_vs + d[None, :] * stride_vd, mask=row_ok[:, None], other=0.0
     )
     delta = tl.sum(do.to(tl.float32) * v_own.to(tl.float32), axis=1)  # dO_i . v_i
-    tl.store(delta_ptr + bh * seq_len + rows, delta, mask=row_ok)
+    tl.store(rowdata_ptr + bh * seq_len + rows, delta, mask=row_ok)
+    s = tl.load(gscale_ptr + bh)  # the scale of G (a power of two)
 
-    # Checkpoints are [batch*heads, sides, key blocks, seq]; row totals [batch*heads, sides, seq].
-    if CAUSAL:
-        sides = 1
-    else:
-        sides = 2
-    ckpt_stride = num_kb * seq_len
-    dq = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
+    scale2 = scale * LOG2E
+    stats_base = _stats_base(stats_ptr, bh, seq_len, CAUSAL)
+    ckpt_r_base = ckpt_r_ptr + bh * ckpt_stride
+    ckpt_f_base = ckpt_f_ptr + bh * ckpt_stride
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     dq = _backward_rows_one_stick(
-        dq, q, do, delta, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
-        cos_base, sin_base, ckpt_sp_ptr + bh * sides * ckpt_stride,
-        ckpt_g_ptr + bh * sides * ckpt_stride, total_ptr + bh * sides * seq_len,
-        stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale,
-        bias, HEAD_DIM, BLOCK, True, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
-        DOT_PRECISION,
+        dq, q, do, s, delta * s, rows, row_ok, pos_i, pid_m, stats_base + _STATS_LEFT * seq_len,
+        ckpt_r_base, ckpt_f_base, k_base, v_base, pos_base, mask_base, cos_base, sin_base,
+        stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias,
+        HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
+        DOT_PRECISION, MMA_SCAN,
     )  # fmt: skip
     if not CAUSAL:
         dq = _backward_rows_one_stick(
-            dq, q, do, delta, rows, row_ok, pos_i, pid_m, k_base, v_base, pos_base, mask_base,
-            cos_base, sin_base, ckpt_sp_ptr + (bh * 2 + 1) * ckpt_stride,
-            ckpt_g_ptr + (bh * 2 + 1) * ckpt_stride, total_ptr + (bh * 2 + 1) * seq_len,
-            stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len,
-            scale, bias, HEAD_DIM, BLOCK, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
-            DOT_PRECISION,
+            dq, q, do, s, delta * s, rows, row_ok, pos_i, pid_m,
+            stats_base + _STATS_RIGHT * seq_len, ckpt_r_base + ckpt_right,
+            ckpt_f_base + ckpt_right, k_base, v_base, pos_base, mask_base, cos_base, sin_base,
+            stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2,
+            bias, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES,
+            HAS_GAIN, DOT_PRECISION, MMA_SCAN,
         )  # fmt: skip
+    dq = dq * (scale / s)
     _store_unrotated(
-        dq_ptr + bh * seq_len * HEAD_DIM, rows, row_ok, dq * scale, cos_base, sin_base, gain, BLOCK, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
+        dq_ptr + bh * seq_len * HEAD_DIM, rows, row_ok, dq, cos_base, sin_base, gain, BLOCK_M,
+        HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
 # Backward: column kernel (dk, dv, the score bias's parameter gradient)
 # --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _cols_tile(
+    dk,
+    dv,
+    dbias,
+    k,
+    v,
+    cols,
+    key_ok,
+    kbias,
+    pos_j,
+    m,
+    pid_n,
+    num_m,
+    num_kb,
+    s,
+    near,
+    far,
+    q_base,
+    do_base,
+    pos_base,
+    cos_base,
+    sin_base,
+    rowdata_base,
+    ckpt_r_base,
+    ckpt_f_base,
+    stride_qs,
+    stride_qd,
+    stride_dos,
+    stride_dod,
+    HALF_LAYOUT: tl.constexpr,
+    gain,
+    seq_len,
+    scale2,
+    bias_params,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    LEFT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    BIAS_FN: tl.constexpr,
+    BIAS_GRAD_FN: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+    HAS_GAIN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Query block ``m`` against key block ``pid_n``: its part of ``s dk'``, ``dv`` and
+    ``s dtheta``, exact on its own from the checkpoints at the block's edges."""
+    rows = m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < seq_len
+    d = tl.arange(0, HEAD_DIM)
+    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN)
+    q = _load_rotated(
+        q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
+        gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
+    ).to(k.dtype)  # fmt: skip
+    do = tl.load(
+        do_base + rows[:, None] * stride_dos + d[None, :] * stride_dod, mask=row_ok[:, None],
+        other=0.0,
+    ).to(k.dtype)  # fmt: skip
+    delta = tl.load(rowdata_base + rows, mask=row_ok, other=0.0)
+    near_slot, has_near, far_slot, has_far = _boundaries(
+        pid_n, m, num_m, num_kb, BLOCK_M // cols.shape[0], LEFT
+    )
+    at = tl.arange(0, BLOCK_M)
+    edge = tl.load(
+        ckpt_r_base + near_slot * BLOCK_M + at, mask=_all_or_none(BLOCK_M, has_near), other=0.0
+    )
+    f_s = tl.load(
+        ckpt_f_base + far_slot * BLOCK_M + at, mask=_all_or_none(BLOCK_M, has_far), other=0.0
+    )
+    sp, log_beta = _tile_logs(
+        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, LEFT,
+        MASKED, BIAS_FN, DOT_PRECISION,
+    )  # fmt: skip
+    a, ga, dz = _tile_grads(
+        sp, log_beta, edge.to(tl.float32), f_s.to(tl.float32), do, v, s, delta * s, near, far,
+        LEFT, CAUSAL, DOT_PRECISION,
+    )  # fmt: skip
+    dk += tl.dot(tl.trans(dz.to(k.dtype)), q, input_precision=DOT_PRECISION)
+    dv += tl.dot(tl.trans(a.to(k.dtype)), do, input_precision=DOT_PRECISION)
+    if BIAS_GRAD_FN is not None:  # queries are axis 0 of these tiles
+        dbias = BIAS_GRAD_FN(
+            dbias, dz, rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :],
+            bias_params, 0,
+        )  # fmt: skip
+    return dk, dv, dbias
 
 
 @triton.jit
@@ -695,17 +1195,18 @@ def _backward_cols_one_stick(
     v,
     cols,
     key_ok,
+    kbias,
     pos_j,
     pid_n,
+    s,
     q_base,
     do_base,
     pos_base,
     cos_base,
     sin_base,
-    delta_base,
-    ckpt_sp_base,
-    ckpt_g_base,
-    total_base,
+    rowdata_base,
+    ckpt_r_base,
+    ckpt_f_base,
     stride_qs,
     stride_qd,
     stride_dos,
@@ -713,10 +1214,11 @@ def _backward_cols_one_stick(
     HALF_LAYOUT: tl.constexpr,
     gain,
     seq_len,
-    scale,
+    scale2,
     bias_params,
     HEAD_DIM: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     LEFT: tl.constexpr,
     CAUSAL: tl.constexpr,
     BIAS_FN: tl.constexpr,
@@ -724,52 +1226,41 @@ def _backward_cols_one_stick(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MMA_SCAN: tl.constexpr,
 ):
-    """One stick's contribution of every query block to the key block ``pid_n``.
-
-    Each tile reads its row offsets (the ``-log`` stick and ``P`` before this key block) from
-    the checkpoints of the row kernel, so the query blocks can be visited in any order.
-    """
-    num_qb = tl.cdiv(seq_len, BLOCK)
+    """One stick's contribution of every query block to the key block ``pid_n``: the query
+    blocks away from it unmasked, then the one beside it, masked."""
+    num_m = tl.cdiv(seq_len, BLOCK_M)
+    num_kb = tl.cdiv(seq_len, BLOCK_N)
+    R: tl.constexpr = BLOCK_M // BLOCK_N
+    beside = pid_n // R  # the query block holding these keys' own rows
+    near = None  # without MMA_SCAN: tl.cumsum (see _key_sum)
+    far = None
+    if MMA_SCAN:
+        near = _tri_matrix(BLOCK_N, LEFT, True, -1.0)
+        far = _tri_matrix(BLOCK_N, LEFT, False, 1.0)
     if LEFT:  # the queries right of these keys see them in their left stick
-        lo = pid_n
-        hi = num_qb
+        first = beside + 1
+        count = num_m - beside - 1
     else:
-        lo = 0
-        hi = pid_n + 1
-    d = tl.arange(0, HEAD_DIM)
-    for m in range(lo, hi):
-        rows = m * BLOCK + tl.arange(0, BLOCK)
-        row_ok = rows < seq_len
-        pos_i = _row_positions(pos_base, rows, row_ok, BLOCK, BIAS_FN)
-        q = _load_rotated(
-            q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
-            gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
-        ).to(k.dtype)  # fmt: skip
-        do = tl.load(
-            do_base + rows[:, None] * stride_dos + d[None, :] * stride_dod,
-            mask=row_ok[:, None],
-            other=0.0,
-        ).to(k.dtype)
-        delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
-        total = tl.load(total_base + rows, mask=row_ok, other=0.0)
-        log_stick = tl.load(ckpt_sp_base + pid_n * seq_len + rows, mask=row_ok, other=0.0)
-        g_before = tl.load(ckpt_g_base + pid_n * seq_len + rows, mask=row_ok, other=0.0)
-        allowed, _sp, a, beta = _stick_tile(
-            q, k, rows, cols, row_ok, key_ok, pos_i, pos_j, log_stick, scale, bias_params,
-            LEFT, CAUSAL, BIAS_FN, DOT_PRECISION,
+        first = 0
+        count = beside
+    for step in range(count):
+        m = first + step
+        dk, dv, dbias = _cols_tile(
+            dk, dv, dbias, k, v, cols, key_ok, kbias, pos_j, m, pid_n, num_m, num_kb, s, near,
+            far, q_base, do_base, pos_base, cos_base, sin_base, rowdata_base, ckpt_r_base,
+            ckpt_f_base, stride_qs, stride_qd, stride_dos, stride_dod, HALF_LAYOUT, gain, seq_len,
+            scale2, bias_params, HEAD_DIM, BLOCK_M, LEFT, CAUSAL, False, BIAS_FN, BIAS_GRAD_FN,
+            HAS_TABLES, HAS_GAIN, DOT_PRECISION,
         )  # fmt: skip
-        ga = a * (tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION) - delta[:, None])
-        near_or_at = g_before[:, None] + tl.cumsum(ga, axis=1, reverse=LEFT)
-        dz = ga * (1.0 - beta) - beta * (total[:, None] - near_or_at)
-        dz = tl.where(allowed, dz, 0.0)
-        dk += tl.dot(tl.trans(dz.to(k.dtype)), q, input_precision=DOT_PRECISION)
-        dv += tl.dot(tl.trans(a.to(k.dtype)), do, input_precision=DOT_PRECISION)
-        if BIAS_GRAD_FN is not None:  # queries are axis 0 of these tiles
-            dbias = BIAS_GRAD_FN(
-                dbias, dz, rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :],
-                bias_params, 0,
-            )  # fmt: skip
+    dk, dv, dbias = _cols_tile(
+        dk, dv, dbias, k, v, cols, key_ok, kbias, pos_j, beside, pid_n, num_m, num_kb, s, near,
+        far, q_base, do_base, pos_base, cos_base, sin_base, rowdata_base, ckpt_r_base,
+        ckpt_f_base, stride_qs, stride_qd, stride_dos, stride_dod, HALF_LAYOUT, gain, seq_len,
+        scale2, bias_params, HEAD_DIM, BLOCK_M, LEFT, CAUSAL, True, BIAS_FN, BIAS_GRAD_FN,
+        HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+    )  # fmt: skip
     return dk, dv, dbias
 
 
@@ -782,11 +1273,11 @@ def _stick_bwd_cols_kernel(
     dk_ptr,
     dv_ptr,
     dbias_ptr,
-    mass_ptr,
-    delta_ptr,
-    total_ptr,
-    ckpt_sp_ptr,
-    ckpt_g_ptr,
+    stats_ptr,
+    rowdata_ptr,
+    gscale_ptr,
+    ckpt_r_ptr,
+    ckpt_f_ptr,
     pos_ptr,
     mask_ptr,
     cos_ptr,
@@ -816,8 +1307,11 @@ def _stick_bwd_cols_kernel(
     num_heads,
     seq_len,
     scale,
+    ckpt_stride,
+    ckpt_right,
     HEAD_DIM: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     BIAS_FN: tl.constexpr,
@@ -827,6 +1321,7 @@ def _stick_bwd_cols_kernel(
     HAS_GAIN: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MMA_SCAN: tl.constexpr,
 ):
     pid_n, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base, bias = (
         _program_setup(
@@ -836,40 +1331,36 @@ def _stick_bwd_cols_kernel(
             seq_len, False,
         )
     )  # fmt: skip
-    num_kb = tl.cdiv(seq_len, BLOCK)
+    num_kb = tl.cdiv(seq_len, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
-    cols, key_ok, pos_j, k, v = _load_keys(
+    cols, key_ok, kbias, pos_j, k, v = _load_keys(
         pid_n, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
-        stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK, HAS_MASK,
+        stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
         HAS_TABLES, HAS_GAIN, BIAS_FN,
     )  # fmt: skip
     col_in = cols < seq_len
-
-    if CAUSAL:
-        sides = 1
-    else:
-        sides = 2
-    ckpt_stride = num_kb * seq_len
-    dk = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK, HEAD_DIM], dtype=tl.float32)
+    scale2 = scale * LOG2E
+    rowdata_base = rowdata_ptr + bh * seq_len
+    s = tl.load(gscale_ptr + bh)  # the scale of G (a power of two)
+    ckpt_r_base = ckpt_r_ptr + bh * ckpt_stride
+    ckpt_f_base = ckpt_f_ptr + bh * ckpt_stride
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)  # unused without BIAS_GRAD_FN
     dk, dv, dbias = _backward_cols_one_stick(
-        dk, dv, dbias, k, v, cols, key_ok, pos_j, pid_n, q_base, do_base, pos_base, cos_base,
-        sin_base, delta_ptr + bh * seq_len, ckpt_sp_ptr + bh * sides * ckpt_stride,
-        ckpt_g_ptr + bh * sides * ckpt_stride, total_ptr + bh * sides * seq_len,
-        stride_qs, stride_qd, stride_dos, stride_dod, HALF_LAYOUT, gain, seq_len, scale,
-        bias, HEAD_DIM, BLOCK, True, CAUSAL, BIAS_FN, BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN,
-        DOT_PRECISION,
+        dk, dv, dbias, k, v, cols, key_ok, kbias, pos_j, pid_n, s, q_base, do_base, pos_base,
+        cos_base, sin_base, rowdata_base, ckpt_r_base, ckpt_f_base, stride_qs, stride_qd,
+        stride_dos, stride_dod, HALF_LAYOUT, gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M,
+        BLOCK_N, True, CAUSAL, BIAS_FN, BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION, MMA_SCAN,
     )  # fmt: skip
     if not CAUSAL:
         dk, dv, dbias = _backward_cols_one_stick(
-            dk, dv, dbias, k, v, cols, key_ok, pos_j, pid_n, q_base, do_base, pos_base,
-            cos_base, sin_base, delta_ptr + bh * seq_len,
-            ckpt_sp_ptr + (bh * 2 + 1) * ckpt_stride, ckpt_g_ptr + (bh * 2 + 1) * ckpt_stride,
-            total_ptr + (bh * 2 + 1) * seq_len, stride_qs, stride_qd, stride_dos, stride_dod,
-            HALF_LAYOUT, gain, seq_len, scale, bias, HEAD_DIM, BLOCK, False, CAUSAL,
-            BIAS_FN, BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+            dk, dv, dbias, k, v, cols, key_ok, kbias, pos_j, pid_n, s, q_base, do_base,
+            pos_base, cos_base, sin_base, rowdata_base, ckpt_r_base + ckpt_right,
+            ckpt_f_base + ckpt_right, stride_qs, stride_qd, stride_dos, stride_dod, HALF_LAYOUT,
+            gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, BIAS_FN,
+            BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION, MMA_SCAN,
         )  # fmt: skip
 
     # These keys are queries too: the leftover of their own stick came from their own value.
@@ -878,17 +1369,22 @@ def _stick_bwd_cols_kernel(
         mask=col_in[:, None],
         other=0.0,
     ).to(tl.float32)
-    mass_own = tl.load(mass_ptr + bh * seq_len + cols, mask=col_in, other=0.0)
-    dv += (1.0 - mass_own)[:, None] * do_own
+    stats_base = _stats_base(stats_ptr, bh, seq_len, CAUSAL)
+    s_left = _stick_total(stats_base + _STATS_LEFT * seq_len, cols, col_in, seq_len)
+    s_right = s_left  # unused when causal
+    if not CAUSAL:
+        s_right = _stick_total(stats_base + _STATS_RIGHT * seq_len, cols, col_in, seq_len)
+    dv += _leftover(s_left, s_right, CAUSAL)[:, None] * do_own
 
     _store_unrotated(
-        dk_ptr + bh * seq_len * HEAD_DIM, cols, col_in, dk * scale, cos_base, sin_base, gain, BLOCK, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
+        dk_ptr + bh * seq_len * HEAD_DIM, cols, col_in, dk * (scale / s), cos_base, sin_base, gain,
+        BLOCK_N, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
     )  # fmt: skip
     dv_ptrs = dv_ptr + bh * seq_len * HEAD_DIM + cols[:, None] * HEAD_DIM + d[None, :]
-    tl.store(dv_ptrs, dv, mask=col_in[:, None])
+    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=col_in[:, None])
     if BIAS_GRAD_FN is not None:
         slot = (bh * num_kb + pid_n) * GRAD_WIDTH
-        tl.store(dbias_ptr + slot + tl.arange(0, GRAD_WIDTH), dbias)
+        tl.store(dbias_ptr + slot + tl.arange(0, GRAD_WIDTH), dbias / s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -897,7 +1393,9 @@ def _stick_bwd_cols_kernel(
 
 
 class StickConfig:
-    """Tile sizes and launch options of the stick-breaking kernels."""
+    """Tile sizes and launch options of the stick-breaking kernels: ``block_m`` queries by
+    ``block_n`` keys in the forward, ``block_bwd`` queries by ``block_bwd_n`` keys in both
+    backward kernels (the key block divides the query block)."""
 
     def __init__(
         self,
@@ -908,44 +1406,71 @@ class StickConfig:
         bwd_warps: int,
         num_stages: int = 1,
         bwd_stages: int = 1,
+        cols_stages: int = 1,
+        block_bwd_n: int | None = None,
     ):
         self.block_m = block_m
         self.block_n = block_n
         self.block_bwd = block_bwd
+        self.block_bwd_n = block_n if block_bwd_n is None else block_bwd_n
         self.num_warps = num_warps
         self.bwd_warps = bwd_warps
         self.num_stages = num_stages
         self.bwd_stages = bwd_stages
+        self.cols_stages = cols_stages
 
     def __repr__(self) -> str:
         return (
             f"StickConfig(block_m={self.block_m}, block_n={self.block_n}, "
             f"block_bwd={self.block_bwd}, num_warps={self.num_warps}, bwd_warps={self.bwd_warps}, "
-            f"num_stages={self.num_stages}, bwd_stages={self.bwd_stages})"
+            f"num_stages={self.num_stages}, bwd_stages={self.bwd_stages}, "
+            f"cols_stages={self.cols_stages}, block_bwd_n={self.block_bwd_n})"
         )
 
 
-def _tile_bytes(block: int, head_dim: int, dtype: torch.dtype, tables: bool) -> int:
-    """Bytes one pipelining stage of a loop holds: the two ``[block, head_dim]`` tiles the loop
-    loads (k and v, or q and dO) and, with tables, ``cos`` and ``sin`` ``[block, head_dim/2]``
-    in float32."""
-    size = torch.empty((), dtype=dtype).element_size()
-    return block * (2 * head_dim * size + (4 * head_dim if tables else 0))
+def _stage_bytes(rows: int, head_dim: int, size: int, tables: bool) -> int:
+    """Bytes one pipelining stage of a loop holds: the two ``[rows, head_dim]`` tiles it loads
+    (k and v, or q and dO) and, with tables, ``cos`` and ``sin`` ``[rows, head_dim/2]`` in
+    float32. Without pipelining (one stage) only the two tiles, the operands of its products,
+    are in shared memory."""
+    return rows * (2 * head_dim * size + (4 * head_dim if tables else 0))
 
 
-def _fit_stages(limit: int, block: int, head_dim: int, dtype: torch.dtype, tables: bool) -> int:
-    """The most pipelining stages (at most 3, at least 1; 0 if even 1 does not fit) whose
-    shared memory fits in ``limit`` bytes.
-
-    With triton 3.9 the kernels need about ``stages + 1/2`` stage tiles (the extra half holds the
-    dot operands made in registers, such as the rotated k); ``python -m course_lib.gpu_report``
-    checks the compiled figures for sm_90 and sm_80.
-    """
-    tile = _tile_bytes(block, head_dim, dtype, tables)
+def _fit_stages(limit: int, stage: int, single: int, fixed: int) -> int:
+    """The most pipelining stages (at most 3, at least 1; 0 if even 1 does not fit) for which
+    ``stages * stage + fixed`` bytes (``single + fixed`` for one stage), plus 1 KiB of slack,
+    fit in ``limit``. ``python -m course_lib.gpu_report`` checks the compiled figures."""
     for stages in (3, 2, 1):
-        if (2 * stages + 1) * tile <= 2 * limit:
+        if (stages * stage if stages > 1 else single) + fixed + 1024 <= limit:
             return stages
     return 0
+
+
+def _forward_stages(limit, bm, bn, head_dim, size, tables) -> int:
+    """Stages of the forward: besides them, q and one triangle (and the rotated k, with
+    tables) stay in shared memory (triton 3.9)."""
+    fixed = bm * head_dim * size + 2 * bn * bn + (bn * head_dim * size if tables else 0)
+    stage = _stage_bytes(bn, head_dim, size, tables)
+    return _fit_stages(limit, stage, _stage_bytes(bn, head_dim, size, False), fixed)
+
+
+def _backward_stages(limit, bm, bn, head_dim, size, tables, sides) -> tuple[int, int]:
+    """Stages of the row and the column kernel. Besides them: q, dO and two triangles (and the
+    rotated k, with tables) in the row kernel; k, v, two triangles and the transposed ``dz`` and
+    ``A`` in the column kernel, whose loops over the query blocks each get their own stages
+    (one loop per stick: triton 3.9 does not share them on Hopper)."""
+    tri = 2 * 2 * bn * bn
+    rows_fixed = 2 * bm * head_dim * size + tri + (bn * head_dim * size if tables else 0)
+    cols_fixed = 2 * bn * head_dim * size + tri + 2 * bm * bn * size
+    rows_stage = _stage_bytes(bn, head_dim, size, tables)
+    cols_stage = _stage_bytes(bm, head_dim, size, tables)
+    return (
+        _fit_stages(limit, rows_stage, _stage_bytes(bn, head_dim, size, False), rows_fixed),
+        _fit_stages(
+            limit, sides * cols_stage, sides * _stage_bytes(bm, head_dim, size, False),
+            cols_fixed,
+        ),
+    )  # fmt: skip
 
 
 def pick_config(
@@ -955,13 +1480,19 @@ def pick_config(
     *,
     dtype: torch.dtype = torch.bfloat16,
     tables: bool = False,
+    causal: bool = True,
 ) -> StickConfig:
     """Tiles for ``head_dim`` on ``device``; ``block`` (a power of two >= 16) forces all of them.
 
-    64x64 tiles in the interpreter (where fewer, larger tiles run fastest). On a GPU: 64x64
-    tiles, halved until one pipelining stage fits in the GPU's shared memory per block (for
-    ``dtype`` and with or without q/k ``tables``), and as many stages (up to 3) as fit. A
-    ``block`` that cannot fit is refused with a ValueError.
+    64x64 tiles in the interpreter (where fewer, larger tiles run fastest). On a GPU, 64 keys
+    per tile and, up to head_dim 64, 64 queries with 4 warps. On Hopper at head_dim 128: 128
+    queries with 8 warps, one warp group per 64 queries, so that a row of a tile stays in one
+    warp group. Elsewhere (mma.sync: both operands of a product in registers) fewer registers per
+    thread: 64 queries with 8 warps at head_dim 128 (the backward from head_dim 64), and 32x32
+    tiles for the backward at head_dim 128 with q/k tables. A shape is halved until one stage of
+    its kernels fits in the GPU's shared memory per block (for ``dtype``, with or without q/k
+    ``tables``, ``causal`` or not), with as many pipelining stages (up to 3) as fit. A ``block``
+    that cannot fit is refused with a ValueError.
     """
     if block is not None:
         if not isinstance(block, int) or block < 16 or block & (block - 1):
@@ -970,20 +1501,61 @@ def pick_config(
     if limit == 0:  # the interpreter
         size = block or 64
         return StickConfig(size, size, size, 4, 4)
-    warps = 8 if head_dim >= 128 else 4
-    bwd_warps = 8 if head_dim >= 64 else 4
-    for size in (block,) if block is not None else (64, 32, 16):
-        stages = _fit_stages(limit, size, head_dim, dtype, tables)
-        if stages:
-            return StickConfig(size, size, size, warps, bwd_warps, stages, stages)
-    raise ValueError(
-        f"stick-breaking tiles of {block or 16} rows at head_dim {head_dim} ({dtype}"
-        f"{', with tables' if tables else ''}) need more shared memory than the GPU's "
-        f"{limit // 1024} KiB per block; use a smaller block"
-    )
+    small = [(64, 64, 4), (32, 32, 4), (16, 16, 4)]
+    hopper = (gpu_arch(device) or 0) >= 90
+    if block is not None:
+        fwd_shapes = bwd_shapes = [(block, block, 4 if head_dim < 128 or block < 64 else 8)]
+    elif hopper:
+        wide = [(128, 64, 8), (64, 64, 8)] if head_dim >= 128 else []
+        fwd_shapes = bwd_shapes = wide + small
+    elif head_dim >= 128:
+        fwd_shapes = [(64, 64, 8)] + small
+        # the tables' rotation of each query tile on top: 32-wide tiles spill far less
+        bwd_shapes = ([(32, 32, 4)] if tables else [(64, 64, 8)]) + small
+    else:
+        fwd_shapes = small
+        bwd_shapes = small if head_dim < 64 else [(64, 64, 8)] + small
+    size = torch.empty((), dtype=dtype).element_size()
+    sides = 1 if causal else 2
+    fwd = next(
+        ((bm, bn, w, st) for bm, bn, w in fwd_shapes
+         if (st := _forward_stages(limit, bm, bn, head_dim, size, tables))),
+        None,
+    )  # fmt: skip
+    bwd = next(
+        ((bm, bn, w, st) for bm, bn, w in bwd_shapes
+         if all(st := _backward_stages(limit, bm, bn, head_dim, size, tables, sides))),
+        None,
+    )  # fmt: skip
+    if fwd is None or bwd is None:
+        raise ValueError(
+            f"stick-breaking tiles of {block or 16} rows at head_dim {head_dim} ({dtype}"
+            f"{', with tables' if tables else ''}) need more shared memory than the GPU's "
+            f"{limit // 1024} KiB per block; use a smaller block"
+        )
+    return StickConfig(
+        block_m=fwd[0], block_n=fwd[1], block_bwd=bwd[0], num_warps=fwd[2], bwd_warps=bwd[2],
+        num_stages=fwd[3], bwd_stages=bwd[3][0], cols_stages=bwd[3][1], block_bwd_n=bwd[1],
+    )  # fmt: skip
 
 
-def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) -> dict:
+def _mma_scan(device: torch.device, backward: bool) -> bool:
+    """Sum keys with triangular products on the tensor cores, or with ``tl.cumsum`` (the
+    backward kernels on mma.sync GPUs, whose products take both operands from registers: the
+    two constant triangles would hold many of them, and these kernels spill less without).
+    The interpreter computes what the Hopper code does."""
+    arch = gpu_arch(device)
+    return not backward or arch is None or arch >= 90
+
+
+def _switches(
+    a: LaunchArgs,
+    head_dim: int,
+    causal: bool,
+    dtype: torch.dtype,
+    device: torch.device,
+    backward: bool,
+) -> dict:
     """The constexpr arguments every stick-breaking kernel takes."""
     return {
         "HEAD_DIM": head_dim,
@@ -994,7 +1566,25 @@ def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) ->
         "HAS_GAIN": a.has_gain,
         "HALF_LAYOUT": a.half_layout,
         "DOT_PRECISION": dot_precision(dtype),
+        "MMA_SCAN": _mma_scan(device, backward),
     }
+
+
+def _num_stats(causal: bool) -> int:
+    """Rows of ``rowstats`` per (batch, head): ``(S_hi, S_lo)`` per stick."""
+    return 2 if causal else 4
+
+
+def _g_scale(grad_out: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``s`` per (batch, head), float32 ``[batch * heads]``: the power of two with
+    ``s * bound <= 2^G_RANGE`` for ``bound = 2 max_i |dO_i|_1 max_j |v_j|_inf``, which bounds
+    ``|G_ij|``, ``|F_ij|`` (``sum_j A_ij <= 1``) and ``|dz_ij| / 2``."""
+    do_l1 = torch.linalg.vector_norm(grad_out, ord=1, dim=3, dtype=torch.float32).amax(dim=2)
+    v_max = torch.linalg.vector_norm(v, ord=float("inf"), dim=(2, 3), dtype=torch.float32)
+    bound = (2.0 * do_l1 * v_max).clamp(2.0**-100, 2.0**100)
+    exponent = G_RANGE - torch.ceil(torch.log2(bound)).to(torch.int32)
+    # 2^exponent, exactly: the float32 with that biased exponent and a zero mantissa
+    return ((exponent + 127) << 23).view(torch.float32).reshape(-1).contiguous()
 
 
 def stick_breaking_forward(
@@ -1019,26 +1609,30 @@ def stick_breaking_forward(
     bias_hook: a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor
     it reads; block: force every tile to this size (a power of two >= 16).
 
-    Returns ``out`` ``[batch, heads, seq, head_dim]`` (input dtype, contiguous) and the row mass
-    ``sum_j A_ij`` ``[batch, heads, seq]`` (float32), which the backward needs.
+    Returns ``out`` ``[batch, heads, seq, head_dim]`` (input dtype, contiguous) and ``rowstats``
+    ``[batch, heads, 2 * sides, seq]`` (float32), which the backward needs: per stick (left,
+    then right if bidirectional) ``S``, the sum of ``softplus(z) log2(e)`` over its keys (the
+    ``-log2`` of what is left of it), as a float32 pair ``(hi, lo)``.
     """
     check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
     a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
-    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables)
+    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables, causal=causal)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
-    mass = torch.empty((batch, heads, seq), dtype=torch.float32, device=q.device)
+    stats = torch.empty(
+        (batch, heads, _num_stats(causal), seq), dtype=torch.float32, device=q.device
+    )
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
     run_launch(Launch("forward", _stick_fwd_kernel, grid, (
-        q, k, v, out, mass, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
+        q, k, v, out, stats, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
         *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
         heads, seq, float(scale),
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **_switches(a, head_dim, causal, q.dtype),
+        num_stages=cfg.num_stages, **_switches(a, head_dim, causal, q.dtype, q.device, False),
     )))  # fmt: skip
-    return out, mass
+    return out, stats
 
 
 def stick_breaking_backward(
@@ -1046,7 +1640,7 @@ def stick_breaking_backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mass: torch.Tensor,
+    rowstats: torch.Tensor,
     positions: torch.Tensor,
     key_mask: torch.Tensor | None,
     *,
@@ -1060,49 +1654,60 @@ def stick_breaking_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of :func:`stick_breaking_forward`: ``(dq, dk, dv, dparams)``.
 
-    dq, dk, dv: float32 contiguous ``[batch, heads, seq, head_dim]``; dparams: the gradient of
-    ``bias_params`` (float32, its shape) if ``bias_grad``, else None. Same arguments as the
-    forward, plus ``grad_out`` (like the output, any strides) and the forward's ``mass``.
+    dq, dk, dv: contiguous ``[batch, heads, seq, head_dim]`` in the input dtype; dparams: the
+    gradient of ``bias_params`` (float32, its shape) if ``bias_grad``, else None. Same arguments
+    as the forward (the same ``block``), plus ``grad_out`` (like the output, any strides) and
+    the forward's ``rowstats``.
     """
     check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
     if grad_out.shape != q.shape:
         raise ValueError(f"grad_out must have shape {tuple(q.shape)}, got {tuple(grad_out.shape)}")
     batch, heads, seq, head_dim = q.shape
+    want = (batch, heads, _num_stats(causal), seq)
+    if tuple(rowstats.shape) != want or rowstats.dtype != torch.float32:
+        raise ValueError(
+            f"rowstats must be the forward's float32 {list(want)}, got {rowstats.dtype} "
+            f"{tuple(rowstats.shape)}"
+        )
     positions = positions.contiguous()
+    rowstats = rowstats.contiguous()
     a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
     if bias_grad and (a.hook is None or a.hook.grad is None):
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     grad_out = grad_out.to(q.dtype)
-    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables)
-    block = cfg.block_bwd
-    num_blocks = triton.cdiv(seq, block)
-    sides = 1 if causal else 2
+    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables, causal=causal)
+    bm, bn = cfg.block_bwd, cfg.block_bwd_n
+    num_m, num_kb = triton.cdiv(seq, bm), triton.cdiv(seq, bn)
+    slots_left = _num_slots(num_m, num_kb, bm // bn, True)
+    slots_right = 0 if causal else _num_slots(num_m, num_kb, bm // bn, False)
+    ckpt_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
     f32 = {"dtype": torch.float32, "device": q.device}
-    dq = torch.empty((batch, heads, seq, head_dim), **f32)
-    dk = torch.empty((batch, heads, seq, head_dim), **f32)
-    dv = torch.empty((batch, heads, seq, head_dim), **f32)
-    delta = torch.empty((batch * heads, seq), **f32)
-    total = torch.empty((batch * heads, sides, seq), **f32)
-    ckpt_sp = torch.empty((batch * heads, sides, num_blocks, seq), **f32)
-    ckpt_g = torch.empty((batch * heads, sides, num_blocks, seq), **f32)
-    grad_width = a.hook.grad_width(block) if bias_grad else 1
-    partials = torch.empty((batch * heads, num_blocks, grad_width) if bias_grad else (1,), **f32)
-    switches = _switches(a, head_dim, causal, q.dtype)
+    dq = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
+    dk = torch.empty_like(dq)
+    dv = torch.empty_like(dq)
+    gscale = _g_scale(grad_out, v)
+    rowdata = torch.empty((batch * heads, seq), **f32)  # delta_i = dO_i . v_i
+    ckpt_stride = (slots_left + slots_right) * bm
+    ckpt_r = torch.empty((batch * heads, ckpt_stride), dtype=ckpt_dtype, device=q.device)
+    ckpt_f = torch.empty_like(ckpt_r)
+    grad_width = a.hook.grad_width(bn) if bias_grad else 1
+    partials = torch.empty((batch * heads, num_kb, grad_width) if bias_grad else (1,), **f32)
+    switches = _switches(a, head_dim, causal, q.dtype, q.device, True)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     tables = (positions, a.mask, a.cos, a.sin, a.gain, a.bias_params)
-    grid = (num_blocks, batch * heads)
-    run_launch(Launch("bwd_rows", _stick_bwd_rows_kernel, grid, (
-        q, k, v, grad_out, dq, delta, total, ckpt_sp, ckpt_g, *tables, *strides,
-        heads, seq, float(scale),
+    sizes = (heads, seq, float(scale), ckpt_stride, slots_left * bm)
+    run_launch(Launch("bwd_rows", _stick_bwd_rows_kernel, (num_m, batch * heads), (
+        q, k, v, grad_out, dq, rowstats, rowdata, gscale, ckpt_r, ckpt_f, *tables, *strides,
+        *sizes,
     ), dict(
-        BLOCK=block, num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages, **switches,
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages, **switches,
     )))  # fmt: skip
-    run_launch(Launch("bwd_cols", _stick_bwd_cols_kernel, grid, (
-        q, k, v, grad_out, dk, dv, partials, mass, delta, total, ckpt_sp, ckpt_g, *tables,
-        *strides, heads, seq, float(scale),
+    run_launch(Launch("bwd_cols", _stick_bwd_cols_kernel, (num_kb, batch * heads), (
+        q, k, v, grad_out, dk, dv, partials, rowstats, rowdata, gscale, ckpt_r, ckpt_f,
+        *tables, *strides, *sizes,
     ), dict(
-        BLOCK=block, BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
-        num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages, **switches,
+        BLOCK_M=bm, BLOCK_N=bn, BIAS_GRAD_FN=a.hook.grad if bias_grad else None,
+        GRAD_WIDTH=grad_width, num_warps=cfg.bwd_warps, num_stages=cfg.cols_stages, **switches,
     )))  # fmt: skip
     dparams = a.hook.reduce_grad(partials, batch, heads) if bias_grad else None
     return dq, dk, dv, dparams

@@ -547,3 +547,73 @@ def test_cuda_finite_for_huge_logits(dtype):
             qk_tables=tables,
         )  # fmt: skip
         assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+# --------------------------------------------------------------------------------------------
+# Tiles and fast paths the interpreter's default configuration does not take
+# --------------------------------------------------------------------------------------------
+
+
+def _forced_config(monkeypatch, **fields):
+    """Make the kernel wrappers use ``pick_config``'s choice with ``fields`` replaced."""
+    kernels = runtime.load_kernel_module("stick_breaking")
+    original = kernels.pick_config
+
+    def patched(*args, **kwargs):
+        cfg = original(*args, **kwargs)
+        for name, value in fields.items():
+            setattr(cfg, name, value)
+        return cfg
+
+    monkeypatch.setattr(kernels, "pick_config", patched)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_query_blocks_taller_than_key_blocks(monkeypatch, causal):
+    """Query blocks of two key blocks (as on Hopper at head_dim 128): the peeled blocks beside
+    the diagonal, the checkpoints between them and a ragged end (seq 70, key blocks of 16)."""
+    _forced_config(
+        monkeypatch, block_m=32, block_n=16, block_bwd=32, block_bwd_n=16, num_warps=4,
+        bwd_warps=4,
+    )  # fmt: skip
+    batch, heads, seq, dim = 2, 2, 70, 16
+    q, k, v, lam, grad_out = make_inputs(batch, heads, seq, dim, seed=14, rse=True)
+    pos = torch.arange(seq, device=DEVICE) * 2
+    kwargs = {
+        "causal": causal, "key_padding_mask": padding_mask(batch, seq), "position_ids": pos,
+        "qk_tables": rope_tables(pos, dim, layout="half"),
+    }  # fmt: skip
+    compare(vector_reference, q, k, v, lam, grad_out, **kwargs)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_float16_close_to_float64(causal):
+    """float16 inputs stay within 2e-3 of a float64 reference (out, dq, dk, dv and the
+    per-head gradient), half of the logs from the polynomial."""
+    q, k, v, lam, grad_out = make_inputs(2, 2, 150, 32, seed=5, rse=True, dtype=torch.float16)
+    pos = torch.arange(150, device=DEVICE) + 3
+    kwargs = {
+        "causal": causal, "key_padding_mask": padding_mask(2, 150), "position_ids": pos,
+        "qk_tables": rope_tables(pos, 32),
+    }  # fmt: skip
+    compare(vector_reference, q, k, v, lam, grad_out, tol=2e-3, **kwargs)
+
+
+def test_log2_1p_polynomial_error():
+    """The polynomial for ``log2(1 + e)``, ``e`` in [0, 1], is within 2.3e-6 in float32."""
+    import triton
+    import triton.language as tl
+
+    kernels = runtime.load_kernel_module("stick_breaking")
+
+    @triton.jit
+    def evaluate(x_ptr, y_ptr, FN: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, FN(tl.load(x_ptr + offs)))
+
+    n = 1 << 16
+    x = torch.linspace(0.0, 1.0, n, dtype=torch.float32, device=DEVICE)
+    y = torch.empty_like(x)
+    evaluate[(n // 1024,)](x, y, FN=kernels._log2_1p, BLOCK=1024)
+    err = (y.double() - torch.log2(1.0 + x.double())).abs().max().item()
+    assert err <= 2.3e-6, err
