@@ -191,24 +191,24 @@ def _sum_per_head_pair(partials: torch.Tensor, batch: int, heads: int, shape=Non
 
 
 @triton.jit
+def exposb_distance_factor(idx_q, idx_k, pos_q, pos_k, params, OPTIONS: tl.constexpr = None):
+    """``0.7 + 0.3 exp(-0.005 |p_i - p_j|)``: the factor form of ``exposb_distance_bias`` (one
+    ``exp2`` and a multiply-add per pair, no logarithm; ``exp(-0.005 d) = exp2(-0.005 log2(e)
+    d)``)."""
+    return 0.7 + 0.3 * tl.exp2(-0.007213475204444817 * tl.abs(pos_q - pos_k))
+
+
+@triton.jit
 def exposb_distance_bias(
     idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
 ):
     """``log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))`` (``log2`` of the same factor if ``BASE2``)."""
-    # exp(-0.005 d) = exp2(-0.005 log2(e) d); the factor lies in (0.7, 1], so the approximate
-    # log2 (one instruction, see fast_math) is enough.
-    factor = 0.7 + 0.3 * tl.exp2(-0.007213475204444817 * tl.abs(pos_q - pos_k))
-    log2_factor = fast_log2(factor)
+    # the factor lies in (0.7, 1], so the approximate log2 (one instruction, see fast_math) is
+    # enough
+    log2_factor = fast_log2(exposb_distance_factor(idx_q, idx_k, pos_q, pos_k, params))
     if BASE2:
         return log2_factor
     return log2_factor * 0.6931471805599453
-
-
-@triton.jit
-def exposb_distance_factor(idx_q, idx_k, pos_q, pos_k, params, OPTIONS: tl.constexpr = None):
-    """``0.7 + 0.3 exp(-0.005 |p_i - p_j|)``: the factor form of ``exposb_distance_bias`` (one
-    ``exp2`` and a multiply-add per pair, no logarithm)."""
-    return 0.7 + 0.3 * tl.exp2(-0.007213475204444817 * tl.abs(pos_q - pos_k))
 
 
 # --------------------------------------------------------------------------------------------
