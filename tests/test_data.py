@@ -27,6 +27,7 @@ from course_lib.data import (
     pad_batch,
     probes,
     retrieval_probe,
+    splits,
     tokenizer,
     train_val_split,
     unigram_entropy,
@@ -58,7 +59,7 @@ def train_stream() -> torch.Tensor:
 
 def test_package_exports_every_public_name_of_its_modules_once():
     owners: dict[str, list[str]] = {}
-    for module in (corpus, tokenizer, batches, probes):
+    for module in (corpus, tokenizer, batches, probes, splits):
         for name in module.__all__:
             owners.setdefault(name, []).append(module.__name__)
             assert getattr(data, name) is getattr(module, name), name
@@ -520,3 +521,54 @@ def test_batches_on_gpu_match_cpu_for_a_cpu_generator():
     )
     windows = next(eval_windows(stream.cuda(), 16, batch_size=2))
     assert windows[0].is_cuda and windows[0].shape == (2, 16)
+
+
+# ------------------------------------------------------------------ evaluation splits (dedup)
+
+
+def test_clean_segments_drop_exactly_the_bytes_a_seen_ngram_covers():
+    train = b"the cat sat on the mat"
+    seen = {train[i : i + 4] for i in range(len(train) - 3)}
+    held_out = b"xx cat sat yy the dog"
+    # seen 4-grams in held_out: " cat", "cat ", "at s", "t sa", " sat", "sat ", " the" and
+    # "the " cover bytes 2..10 and 13..17; what is left: "xx", "yy", "dog"
+    marked = data.shared_ngrams(held_out, seen, 4)
+    assert [i for i, m in enumerate(marked.tolist()) if m] == [*range(2, 11), *range(13, 18)]
+    assert data.clean_segments(held_out, seen, 4) == [b"xx", b"yy", b"dog"]
+    assert data.clean_segments(held_out, seen, 4, min_length=3) == [b"dog"]
+    assert data.clean_segments(b"abc", set(), 4) == [b"abc"]
+
+
+def test_comparison_splits_share_no_32_byte_string_with_training():
+    cut = data.comparison_splits()
+    text = load_corpus().encode("utf-8")
+    train = bytes(cut.train.tolist())
+    assert text.startswith(train)
+    described = cut.describe()
+    for split in ("select", "test"):
+        kept, total = described[split]["kept_bytes"], described[split]["held_out_bytes"]
+        assert 0.8 * total < kept < total  # boilerplate was removed, most text kept
+    # an independent check (a substring search, not the set the splits use) on a sample of
+    # the held-out 32-byte strings, inside the windows a comparison scores
+    rng = torch.Generator().manual_seed(0)
+    seen = train + b"\x00" + b"\x00".join(bytes(s.tolist()) for s in cut.select)
+    for split, against in (("select", train), ("test", seen)):
+        windows = data.segment_windows(getattr(cut, split), 65, None)
+        rows = torch.randint(0, windows.shape[0], (300,), generator=rng)
+        starts = torch.randint(0, 65 - 32 + 1, (300,), generator=rng)
+        for row, start in zip(rows.tolist(), starts.tolist(), strict=True):
+            gram = bytes(windows[row, start : start + 32].tolist())
+            assert against.find(gram) == -1, (split, gram)
+
+
+def test_segment_windows_stay_inside_segments_and_spread():
+    segments = (torch.arange(10), torch.arange(100, 103), torch.arange(200, 209))
+    windows = data.segment_windows(segments, 4, None)
+    assert windows.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [200, 201, 202, 203],
+                                [204, 205, 206, 207]]  # fmt: skip
+    spread = data.segment_windows(segments, 4, 2)
+    assert spread.tolist() == [[0, 1, 2, 3], [204, 205, 206, 207]]
+    with pytest.raises(ValueError, match="no segment holds a window of 20"):
+        data.segment_windows(segments, 20, None)
+    with pytest.raises(ValueError, match="fractions"):
+        data.comparison_splits("abc" * 10, select_fraction=0.5, test_fraction=0.5)

@@ -8,6 +8,8 @@ One idea per module:
   ``PAD`` (256), ``MASK`` (257), ``BOS`` (258); ``VOCAB_SIZE`` is 259;
 - :mod:`~course_lib.data.batches`: causal and masked (80/10/10) training batches, validation
   windows, padding;
+- :mod:`~course_lib.data.splits`: training, selection and test text for the comparison, the
+  held-out parts deduplicated against training (no shared 32-byte string);
 - :mod:`~course_lib.data.probes`: the retrieval and word-order probe examples.
 
 Everything random takes a seed or a ``torch.Generator``, so every batch and probe is
@@ -41,6 +43,13 @@ from course_lib.data.probes import (
     retrieval_probe,
     word_order_probe,
 )
+from course_lib.data.splits import (
+    TextSplits,
+    clean_segments,
+    comparison_splits,
+    segment_windows,
+    shared_ngrams,
+)
 from course_lib.data.tokenizer import (
     BOS_ID,
     MASK_ID,
@@ -64,7 +73,10 @@ __all__ = [
     "WORD_ORDER_VERBS",
     "ByteTokenizer",
     "ProbeBatch",
+    "TextSplits",
+    "clean_segments",
     "clm_batch",
+    "comparison_splits",
     "corpus_source",
     "eval_windows",
     "load_corpus",
@@ -73,6 +85,8 @@ __all__ = [
     "normalize_text",
     "pad_batch",
     "retrieval_probe",
+    "segment_windows",
+    "shared_ngrams",
     "train_val_split",
     "unigram_entropy",
     "word_order_probe",
