@@ -1,34 +1,220 @@
 """Statistics over seeds: what every table, figure and verdict of the comparison is built from.
 
 A comparison trains each (objective, arm) once per seed. :func:`by_arm` groups the runs;
-:func:`spread` gives a metric's mean, sample standard deviation, minimum and maximum over the
-seeds; :func:`paired` compares two arms seed by seed (seed ``s`` of both saw the same training
-data in the same order, so the difference removes that shared luck) and calls a difference only
-when every seed agrees on its sign (:attr:`Paired.verdict`); anything else is "within noise".
+:func:`spread` gives a metric's mean, sample standard deviation, 95% confidence interval,
+minimum and maximum over the seeds; :func:`paired` compares two arms seed by seed (seed ``s`` of
+both saw the same training data in the same order and were scored on the same text, so the
+difference removes that shared luck).
 
-Metrics (:data:`METRICS`) are read from a run's results dict by name: ``val_loss``, ``bpb``,
-``bucket0`` ... ``bucket3`` (loss by target position, :func:`course_lib.evaluate.
-position_bucket_losses`), ``word_order``, ``retrieval`` (probe accuracies) and
-``tokens_per_second``. A metric a run does not have (a probe not run, a bucket past a learned
-table) is None and is left out of the spread.
+The tests (all on the per-seed values, ``n`` seeds, ``d_s`` the paired differences):
+
+* **paired t-test**: ``t = mean(d) / (sd(d) / sqrt(n))`` with ``n - 1`` degrees of freedom
+  (Student 1908); two-sided p-value ``P(|T| >= |t|) = I_{nu/(nu + t^2)}(nu/2, 1/2)``, the
+  regularised incomplete beta function (:func:`regularized_incomplete_beta`); the 95% interval
+  ``mean(d) +- t_{0.975, n-1} sd(d) / sqrt(n)``;
+* **one-sample bound**: is an arm's value above (or below) a stated threshold? The one-sided
+  t-test of ``mean - threshold`` (:func:`bound_test`);
+* **Holm's step-down correction** (Holm 1979, :func:`holm`): the ``m`` p-values of a family,
+  sorted, ``p_(k)`` compared with ``alpha / (m - k + 1)``; as adjusted p-values
+  ``max_{j <= k} min(1, (m - j + 1) p_(j))``. It bounds the chance of *any* false call among the
+  ``m`` at ``alpha`` whatever their dependence; without it, 50 true-null comparisons at 0.05
+  make at least one false call 92% of the time.
+
+The verdicts (what a family of claims concludes, :mod:`course_lib.compare.claims`) use these
+with a minimum effect size per kind of metric (:data:`MIN_EFFECT`): a direction is called only
+when the corrected test rejects *and* the estimated effect is at least that large.
+
+This module needs no SciPy: the incomplete beta function is evaluated by its continued fraction
+(modified Lentz), and the t quantile by bisection on the distribution function;
+``tests/test_stats.py`` checks both against ``scipy.stats`` and against hand-computed cases.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["METRICS", "Paired", "Spread", "by_arm", "metric", "paired", "spread"]
+__all__ = [
+    "ALPHA",
+    "METRICS",
+    "MIN_EFFECT",
+    "Metric",
+    "OneSample",
+    "Paired",
+    "Spread",
+    "bound_test",
+    "by_arm",
+    "holm",
+    "metric",
+    "metric_units",
+    "paired",
+    "regularized_incomplete_beta",
+    "spread",
+    "t_cdf",
+    "t_quantile",
+    "t_two_sided_p",
+]
+
+#: The family-wise error rate every verdict controls (Holm).
+ALPHA = 0.05
+
+#: The smallest effect a verdict may call, by kind of metric: a loss (nats per byte) or a rise
+#: of a loss, and a probe accuracy.
+MIN_EFFECT = {"loss": 0.02, "accuracy": 0.05}
 
 
-def _bucket(index: int) -> Callable[[dict], float | None]:
+# ---------------------------------------------------------------------------------------------
+# Student's t distribution
+# ---------------------------------------------------------------------------------------------
+
+
+def _beta_continued_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of ``I_x(a, b)`` (converges fast for ``x < (a + 1)/(a + b + 2)``),
+    evaluated by the modified Lentz method:
+    ``1 / (1 + d_1 / (1 + d_2 / (1 + ...)))`` with
+    ``d_{2m+1} = -(a + m)(a + b + m) x / ((a + 2m)(a + 2m + 1))`` and
+    ``d_{2m} = m (b - m) x / ((a + 2m - 1)(a + 2m))``."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    value = d
+    for m in range(1, 10_000):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            value *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            return value
+    raise ArithmeticError(f"the continued fraction of I_x({a}, {b}) at x={x} did not converge")
+
+
+def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
+    """``I_x(a, b) = B(x; a, b) / B(a, b)`` for ``a, b > 0`` and ``0 <= x <= 1``."""
+    if a <= 0 or b <= 0:
+        raise ValueError(f"a and b must be > 0, got a={a}, b={b}")
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"x must lie in [0, 1], got {x}")
+    if x in (0.0, 1.0):
+        return x
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1.0 - x) / b
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """``P(|T| >= |t|)`` for Student's t with ``df`` degrees of freedom."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    if math.isinf(t):
+        return 0.0
+    return regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+
+
+def t_cdf(t: float, df: float) -> float:
+    """``P(T <= t)`` for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * t_two_sided_p(t, df)
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The ``t`` with ``P(T <= t) = q`` (bisection on :func:`t_cdf` to 1e-12)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must lie in (0, 1), got {q}")
+    if q < 0.5:
+        return -t_quantile(1.0 - q, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < q:
+        low, high = high, 2.0 * high
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        if t_cdf(middle, df) < q:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-12 * max(1.0, high):
+            break
+    return 0.5 * (low + high)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's adjusted p-values, in the order given: ``p_(k)`` (k-th smallest of ``m``) becomes
+    ``max_{j <= k} min(1, (m - j + 1) p_(j))``. Reject hypothesis ``i`` at family-wise level
+    ``alpha`` when its adjusted p-value is ``< alpha``."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics: what is read from one run's results
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A quantity read from one run's results dict: ``read(result)`` (None when the run has
+    none), its ``kind`` (``"loss"``, ``"accuracy"`` or ``"other"``: which minimum effect a
+    verdict needs), a ``label`` for tables and the ``digits`` it is printed with. ``units``
+    (when the value is a mean over evaluation units: windows of text, probe pairs) returns
+    ``(sums, counts)`` per unit, so the evaluation set's own noise can be bootstrapped."""
+
+    name: str
+    label: str
+    kind: str
+    read: Callable[[dict], float | None]
+    units: Callable[[dict], tuple[list[float], list[float]] | None] | None = None
+    digits: int = 3
+
+
+def _evaluation(name: str) -> Callable[[dict], float | None]:
     def read(result: dict) -> float | None:
-        buckets = result.get("position_buckets", [])
-        if index >= len(buckets) or buckets[index]["status"] != "ok":
+        entry = result.get("evaluation", {}).get(name)
+        return None if entry is None or entry.get("status") != "ok" else entry["loss"]
+
+    return read
+
+
+def _evaluation_units(name: str) -> Callable[[dict], tuple[list[float], list[float]] | None]:
+    def read(result: dict) -> tuple[list[float], list[float]] | None:
+        entry = result.get("evaluation", {}).get(name)
+        if entry is None or entry.get("status") != "ok":
             return None
-        return buckets[index]["loss"]
+        return entry["unit_sums"], entry["unit_counts"]
+
+    return read
+
+
+def _rise(name: str, base: str) -> Callable[[dict], float | None]:
+    """The loss of ``name`` minus that of ``base`` (the same targets)."""
+
+    def read(result: dict) -> float | None:
+        a, b = _evaluation(name)(result), _evaluation(base)(result)
+        return None if a is None or b is None else a - b
+
+    return read
+
+
+def _rise_units(name: str, base: str):
+    def read(result: dict):
+        a, b = _evaluation_units(name)(result), _evaluation_units(base)(result)
+        if a is None or b is None:
+            return None
+        return [x - y for x, y in zip(a[0], b[0], strict=True)], a[1]
 
     return read
 
@@ -40,22 +226,134 @@ def _probe(task: str) -> Callable[[dict], float | None]:
     return read
 
 
-#: metric name -> function reading it from one run's results dict (None when absent).
-METRICS: dict[str, Callable[[dict], float | None]] = {
-    "val_loss": lambda r: r["metrics"]["final_val_loss"],
-    "bpb": lambda r: r["metrics"]["final_val_bits_per_byte"],
-    **{f"bucket{k}": _bucket(k) for k in range(4)},
-    "word_order": _probe("word_order"),
-    "retrieval": _probe("retrieval"),
-    "tokens_per_second": lambda r: r["metrics"]["tokens_per_second"],
-}
+def _probe_units(task: str):
+    def read(result: dict):
+        probe = result["probes"].get(task)
+        if probe is None:
+            return None
+        return probe["unit_correct"], probe["unit_count"]
+
+    return read
+
+
+def _learned(name: str, pick: Callable[[list[float]], float]) -> Callable[[dict], float | None]:
+    def read(result: dict) -> float | None:
+        values = [
+            v for layer in result.get("learned_values", {}).values() for v in layer.get(name, [])
+        ]
+        return pick(values) if values else None
+
+    return read
+
+
+def _metrics() -> dict[str, Metric]:
+    metrics = [
+        Metric("val_loss", "val loss", "loss", _evaluation("val"), _evaluation_units("val")),
+        Metric(
+            "bpb",
+            "bits per byte",
+            "other",
+            lambda r: None if (v := _evaluation("val")(r)) is None else v / math.log(2.0),
+        ),
+        Metric(
+            "word_order",
+            "word order",
+            "accuracy",
+            _probe("word_order"),
+            _probe_units("word_order"),
+            2,
+        ),  # fmt: skip
+        Metric(
+            "retrieval", "retrieval", "accuracy", _probe("retrieval"), _probe_units("retrieval"), 2
+        ),  # fmt: skip
+        Metric(
+            "tokens_per_second",
+            "tokens/s",
+            "other",
+            lambda r: r.get("timing", {}).get("tokens_per_second"),
+            None,
+            0,
+        ),  # fmt: skip
+        Metric(
+            "lambda_min",
+            "smallest learned lambda",
+            "other",
+            _learned("distance_penalty", min),
+            None,
+            4,
+        ),  # fmt: skip
+        Metric(
+            "lambda_max",
+            "largest learned lambda",
+            "other",
+            _learned("distance_penalty", max),
+            None,
+            4,
+        ),  # fmt: skip
+    ]
+    # The position/context measurements (course_lib.evaluate.shift_and_context_losses), named
+    # by the targets' offset as a multiple of the training length L: at offset kL, the same L
+    # targets read at positions 0.. (near), at kL.. with the same L tokens of context (shift: a
+    # position change only), and at kL.. inside the long window (long: the positions and all
+    # the context before them); and the loss by position bucket of the long windows (bucket<k>).
+    for multiple in range(1, 8):
+        tag = f"@{multiple}L"
+        for what, label in (
+            ("near", "read at 0.."),
+            ("shift", "shifted"),
+            ("long", "long context"),
+        ):
+            name = f"{what}{tag}"
+            metrics.append(
+                Metric(
+                    name,
+                    f"targets at {multiple}L, {label}",
+                    "loss",
+                    _evaluation(name),
+                    _evaluation_units(name),
+                )  # fmt: skip
+            )
+        metrics.append(
+            Metric(f"shift_cost{tag}", f"cost of shifting the targets to {multiple}L", "loss",
+                   _rise(f"shift{tag}", f"near{tag}"), _rise_units(f"shift{tag}", f"near{tag}"))
+        )  # fmt: skip
+        metrics.append(
+            Metric(f"context_gain{tag}", f"long context minus shifted, targets at {multiple}L",
+                   "loss", _rise(f"long{tag}", f"shift{tag}"),
+                   _rise_units(f"long{tag}", f"shift{tag}"))
+        )  # fmt: skip
+    for k in range(4):
+        metrics.append(
+            Metric(
+                f"bucket{k}",
+                f"long windows, bucket {k}",
+                "loss",
+                _evaluation(f"bucket{k}"),
+                _evaluation_units(f"bucket{k}"),
+            )  # fmt: skip
+        )
+    return {m.name: m for m in metrics}
+
+
+#: metric name -> :class:`Metric`.
+METRICS: dict[str, Metric] = _metrics()
+
+
+def _get(name: str) -> Metric:
+    if name not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; valid: {', '.join(METRICS)}")
+    return METRICS[name]
 
 
 def metric(result: dict, name: str) -> float | None:
     """The value of metric ``name`` in one run's results (None when the run has none)."""
-    if name not in METRICS:
-        raise ValueError(f"unknown metric {name!r}; valid: {', '.join(METRICS)}")
-    return METRICS[name](result)
+    return _get(name).read(result)
+
+
+def metric_units(result: dict, name: str) -> tuple[list[float], list[float]] | None:
+    """``(sums, counts)`` per evaluation unit of metric ``name`` (None when it has none)."""
+    units = _get(name).units
+    return None if units is None else units(result)
 
 
 def by_arm(results: list[dict]) -> dict[tuple[str, str], list[dict]]:
@@ -68,10 +366,24 @@ def by_arm(results: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return groups
 
 
+# ---------------------------------------------------------------------------------------------
+# Spreads and tests
+# ---------------------------------------------------------------------------------------------
+
+
+def _t_interval(values: Sequence[float], level: float) -> tuple[float, float]:
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return (-math.inf, math.inf)
+    half = t_quantile(0.5 + level / 2.0, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return (mean - half, mean + half)
+
+
 @dataclass(frozen=True)
 class Spread:
     """A metric over seeds: ``values`` ``{seed: value}``, their mean, sample standard deviation
-    (0 for one seed), minimum and maximum."""
+    (0 for one seed), standard error, 95% t interval of the mean, minimum and maximum."""
 
     values: dict[int, float]
 
@@ -88,6 +400,14 @@ class Spread:
         return statistics.stdev(self.values.values()) if self.n > 1 else 0.0
 
     @property
+    def se(self) -> float:
+        return self.sd / math.sqrt(self.n)
+
+    def ci(self, level: float = 0.95) -> tuple[float, float]:
+        """The ``level`` t interval of the mean over seeds (infinite for one seed)."""
+        return _t_interval(list(self.values.values()), level)
+
+    @property
     def low(self) -> float:
         return min(self.values.values())
 
@@ -101,6 +421,13 @@ class Spread:
             return f"{self.mean:.{digits}f}"
         return f"{self.mean:.{digits}f} ± {self.sd:.{digits}f}"
 
+    def interval_text(self, digits: int = 3) -> str:
+        """``mean [low, high]`` with the 95% interval (just the mean for one seed)."""
+        if self.n == 1:
+            return f"{self.mean:.{digits}f}"
+        lo, hi = self.ci()
+        return f"{self.mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
 
 def spread(runs: list[dict], name: str) -> Spread | None:
     """Metric ``name`` over the seeds of ``runs`` (one arm); None if no run has it."""
@@ -108,11 +435,28 @@ def spread(runs: list[dict], name: str) -> Spread | None:
     return Spread(values) if values else None
 
 
+def _t_test(values: Sequence[float], null: float) -> tuple[float, float]:
+    """``(t, two-sided p)`` of the one-sample t-test of ``mean(values) = null``. With no spread
+    the data decide alone: ``p = 0`` when every value differs from ``null`` in the same
+    direction, else 1; with one value, ``p = 1``."""
+    n = len(values)
+    if n < 2:
+        return (0.0, 1.0)
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values)
+    if sd == 0.0:
+        if mean == null:
+            return (0.0, 1.0)
+        return (math.copysign(math.inf, mean - null), 0.0)
+    t = (mean - null) / (sd / math.sqrt(n))
+    return (t, t_two_sided_p(t, n - 1))
+
+
 @dataclass(frozen=True)
 class Paired:
-    """``a - b`` seed by seed (only seeds both arms have). ``verdict``: ``"lower"`` or
-    ``"higher"`` (``a`` than ``b``) when every seed's difference has that sign and there are
-    at least two seeds, else ``"within noise"``."""
+    """``a - b`` seed by seed (only seeds both arms have): the mean difference, its 95% t
+    interval and the two-sided p-value of the paired t-test (uncorrected: a family's verdict
+    corrects it, :mod:`course_lib.compare.claims`)."""
 
     differences: dict[int, float]
 
@@ -121,18 +465,29 @@ class Paired:
         return Spread(self.differences)
 
     @property
-    def verdict(self) -> str:
-        values = list(self.differences.values())
-        if len(values) >= 2 and all(v < 0 for v in values):
-            return "lower"
-        if len(values) >= 2 and all(v > 0 for v in values):
-            return "higher"
-        return "within noise"
+    def n(self) -> int:
+        return len(self.differences)
+
+    @property
+    def mean(self) -> float:
+        return self.spread.mean
+
+    def ci(self, level: float = 0.95) -> tuple[float, float]:
+        return self.spread.ci(level)
+
+    @property
+    def t(self) -> float:
+        return _t_test(list(self.differences.values()), 0.0)[0]
+
+    @property
+    def p_value(self) -> float:
+        """Two-sided p-value of ``mean difference = 0``."""
+        return _t_test(list(self.differences.values()), 0.0)[1]
 
     def text(self, digits: int = 3) -> str:
-        """``mean [min, max] (verdict)``."""
-        s = self.spread
-        return f"{s.mean:+.{digits}f} [{s.low:+.{digits}f}, {s.high:+.{digits}f}] ({self.verdict})"
+        """``mean [95% interval]``."""
+        lo, hi = self.ci()
+        return f"{self.mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
 def paired(results: list[dict], objective: str, a: str, b: str, name: str) -> Paired | None:
@@ -151,3 +506,40 @@ def paired(results: list[dict], objective: str, a: str, b: str, name: str) -> Pa
     if any(math.isnan(v) for v in diffs.values()):
         raise ValueError(f"NaN in the paired differences of {name} ({a} - {b}, {objective})")
     return Paired(diffs)
+
+
+@dataclass(frozen=True)
+class OneSample:
+    """One arm's values over seeds against a ``threshold``: is the mean ``side`` ("above" or
+    "below") it? ``p_value``: the one-sided t-test of the mean beyond the threshold
+    (uncorrected)."""
+
+    values: dict[int, float]
+    threshold: float
+    side: str
+
+    @property
+    def spread(self) -> Spread:
+        return Spread(self.values)
+
+    @property
+    def mean(self) -> float:
+        return self.spread.mean
+
+    def ci(self, level: float = 0.95) -> tuple[float, float]:
+        return self.spread.ci(level)
+
+    @property
+    def p_value(self) -> float:
+        t, p = _t_test(list(self.values.values()), self.threshold)
+        toward = t > 0 if self.side == "above" else t < 0
+        return p / 2.0 if toward else 1.0 - p / 2.0
+
+
+def bound_test(values: dict[int, float], threshold: float, side: str) -> OneSample:
+    """:class:`OneSample` of ``values`` against ``threshold`` on ``side``."""
+    if side not in ("above", "below"):
+        raise ValueError(f"side must be 'above' or 'below', got {side!r}")
+    if not values:
+        raise ValueError("a bound needs at least one value")
+    return OneSample(dict(values), float(threshold), side)

@@ -1,0 +1,387 @@
+"""The comparison's claims: one family, declared in advance, tested together (Holm).
+
+Everything the report says about a difference is one of three kinds of claim, each tested on
+the per-seed values of :mod:`course_lib.compare.stats`:
+
+* :class:`Difference` ``(objective, a, b, metric)``: arm ``a`` minus arm ``b``, seed by seed
+  (paired t-test, two-sided); verdict ``"lower"`` or ``"higher"`` (``a`` than ``b``);
+* :class:`Change` ``(objective, arm, metric)``: a metric that is itself a difference within each
+  run (a position shift's cost, a long context's effect), against zero (one-sample t-test,
+  two-sided); verdict ``"lower"`` (below zero) or ``"higher"``;
+* :class:`Bound` ``(objective, arm, metric, side, value)``: the arm's mean is above (or below)
+  ``value`` (one-sample t-test, one-sided); verdict ``"above"`` or ``"below"``.
+
+**The verdict rule.** The p-values of *every* claim of the family go through Holm's correction
+together (:func:`course_lib.compare.stats.holm`, family-wise error ``ALPHA`` = 0.05). A claim is
+called (its direction, or its side) only when
+
+1. its Holm-adjusted p-value is below ``ALPHA``,
+2. the estimate is at least the metric kind's minimum effect
+   (:data:`course_lib.compare.stats.MIN_EFFECT`: 0.02 nats for a loss, 0.05 for an accuracy;
+   a :class:`Bound` carries its own margin in ``value``), and
+3. the evaluation text's own noise is small next to it: the bootstrap standard error of the
+   estimate over evaluation units (text windows, word-order pairs, retrieval examples; the
+   same resamples for every seed and both arms) is below a quarter of the estimate's distance
+   from zero (or from ``value``).
+
+Otherwise the verdict is ``"within noise"`` (``"not shown"`` for a bound). Neither means "equal":
+only that these runs do not show a difference.
+
+**The family** (:func:`report_claims`): each ablation against its own encoding on the metrics it
+is asked about (:attr:`course_lib.compare.arms.Arm.metrics`), and the claims of
+:data:`QUESTIONS`, which notebook 10 discusses; the list was written before the committed run
+was made. Claims on a masked-LM arm that did not leave the unigram plateau
+(:func:`plateau_arms`) are not tested: a ranking of models that have not started learning says
+nothing. A new encoding or ablation adds its claims to the family (and makes every threshold a
+little stricter): that is the price of asking more questions.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from course_lib.compare.arms import ABLATIONS
+from course_lib.compare.stats import (
+    ALPHA,
+    METRICS,
+    MIN_EFFECT,
+    Paired,
+    bound_test,
+    by_arm,
+    holm,
+    metric,
+    metric_units,
+    paired,
+)
+from course_lib.model import OBJECTIVES
+
+__all__ = [
+    "BOOTSTRAP_RESAMPLES",
+    "PLATEAU_MARGIN",
+    "QUESTIONS",
+    "Bound",
+    "Change",
+    "Difference",
+    "Verdict",
+    "evaluation_se",
+    "judge",
+    "plateau_arms",
+    "report_claims",
+    "spread_of_called",
+]
+
+#: An MLM arm left the unigram plateau when every seed's test loss is this far below it (nats).
+PLATEAU_MARGIN = 0.1
+
+#: Resamples of the evaluation units in the bootstrap of the evaluation text's own noise.
+BOOTSTRAP_RESAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Arm ``a`` minus arm ``b`` on ``metric``, seed by seed."""
+
+    objective: str
+    a: str
+    b: str
+    metric: str
+
+    def describe(self) -> str:
+        return f"{self.objective}: {self.a} - {self.b}, {METRICS[self.metric].label}"
+
+
+@dataclass(frozen=True)
+class Change:
+    """A within-run difference (``metric``, e.g. ``shift_cost@7L``) of ``arm`` against 0."""
+
+    objective: str
+    arm: str
+    metric: str
+
+    def describe(self) -> str:
+        return f"{self.objective}: {self.arm}, {METRICS[self.metric].label}"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """``arm``'s mean of ``metric`` is on ``side`` (``"above"``/``"below"``) of ``value``."""
+
+    objective: str
+    arm: str
+    metric: str
+    side: str
+    value: float
+
+    def describe(self) -> str:
+        return (
+            f"{self.objective}: {self.arm}, {METRICS[self.metric].label} {self.side} {self.value:g}"
+        )
+
+
+Claim = Difference | Change | Bound
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim's test: the ``estimate`` (mean over seeds of the difference, the change or the
+    value), its 95% t interval over seeds, the uncorrected and Holm-adjusted p-values, the
+    bootstrap standard error from the evaluation text (None when the metric has no units), the
+    number of seeds, and the ``verdict``."""
+
+    claim: Claim
+    estimate: float
+    ci: tuple[float, float]
+    p_value: float
+    p_holm: float
+    eval_se: float | None
+    seeds: int
+    verdict: str
+
+    @property
+    def called(self) -> bool:
+        return self.verdict not in ("within noise", "not shown")
+
+    def text(self) -> str:
+        """``estimate [95% interval], p = ..., Holm p = ... (verdict)``."""
+        digits = METRICS[self.claim.metric].digits
+        lo, hi = self.ci
+        sign = "+" if not isinstance(self.claim, Bound) else ""
+        return (
+            f"{self.estimate:{sign}.{digits}f} [{lo:{sign}.{digits}f}, {hi:{sign}.{digits}f}], "
+            f"p {_p_text(self.p_value)}, Holm p {_p_text(self.p_holm)} ({self.verdict})"
+        )
+
+
+def _p_text(p: float) -> str:
+    """A p-value to two significant digits, ``< 0.0001`` below that."""
+    if p < 1e-4:
+        return "< 0.0001"
+    return f"= {p:.2g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The declared questions (notebook 10): written before the committed run was made
+# ---------------------------------------------------------------------------------------------
+
+_ROTARY_AND_STICK = ("rse", "stick_breaking", "exposb", "alibi")
+
+
+def _questions() -> tuple[Claim, ...]:
+    claims: list[Claim] = []
+    mlm_encodings = (
+        "absolute",
+        "learned",
+        "rope",
+        "exposb",
+        "rse",
+        "stick_breaking",
+        "alibi",
+        "t5",
+    )
+    clm_encodings = (*mlm_encodings, "cope", "fox")
+    by_objective = {"mlm": mlm_encodings, "clm": clm_encodings}
+    for objective, encodings in by_objective.items():
+        # does an encoding help at the training length at all?
+        claims += [Difference(objective, e, "none", "val_loss") for e in encodings]
+        # against RoPE, today's default
+        claims += [Difference(objective, e, "rope", "val_loss") for e in _ROTARY_AND_STICK]
+        claims.append(Difference(objective, "rse", "stick_breaking", "val_loss"))
+        # past the training length: what a long context does at the far targets ...
+        claims += [
+            Change(objective, e, "context_gain@7L") for e in ("none", *encodings) if e != "learned"
+        ]
+        # ... and what a position shift alone costs an encoding that is not relative
+        claims += [
+            Bound(objective, e, "shift_cost@7L", "above", 0.05) for e in ("absolute", "exposb")
+        ]
+        # the word-order probe above chance (the masked `none` is exactly 1/2 by a theorem)
+        claims += [
+            Bound(objective, e, "word_order", "above", 0.6)
+            for e in ((*encodings,) if objective == "mlm" else ("none", *encodings))
+        ]
+    claims += [Difference("clm", e, "rope", "val_loss") for e in ("cope", "fox")]
+    # RoPE past its training length: fine at 2x, broken by 4x (notebook 07)
+    for e in ("rope", "exposb"):
+        claims.append(Bound("clm", e, "context_gain@1L", "below", 0.05))
+        claims.append(Bound("clm", e, "context_gain@4L", "above", 0.05))
+    # retrieval (causal runs): above the bag-of-symbols floor (0.23) by a margin, and solved
+    claims += [Bound("clm", e, "retrieval", "above", 0.3) for e in ("none", *clm_encodings)]
+    claims += [Bound("clm", e, "retrieval", "above", 0.95) for e in ("rope", "exposb", "rse")]
+    return tuple(claims)
+
+
+#: The claims notebook 10 makes (besides the ablations), declared before the committed run.
+QUESTIONS: tuple[Claim, ...] = _questions()
+
+
+def _ablation_claims() -> tuple[Claim, ...]:
+    return tuple(
+        Difference(objective, ablation.name, ablation.encoding, name)
+        for ablation in ABLATIONS
+        for objective in OBJECTIVES
+        for name in ablation.metrics
+    )
+
+
+def plateau_arms(results: list[dict], margin: float = PLATEAU_MARGIN) -> dict[str, float]:
+    """The masked-LM arms that did not leave the unigram plateau: ``{arm: worst seed's test
+    loss}`` for each arm with a seed whose loss is not ``margin`` below the unigram entropy of
+    the training text."""
+    stuck = {}
+    for (objective, arm), runs in by_arm(results).items():
+        if objective != "mlm":
+            continue
+        worst = max(metric(r, "val_loss") for r in runs)
+        if worst > runs[0]["data"]["unigram_entropy_nats"] - margin:
+            stuck[arm] = worst
+    return stuck
+
+
+def report_claims(results: list[dict]) -> list[Claim]:
+    """The family: the ablation claims and :data:`QUESTIONS`, each kept when both its arms have
+    runs with the metric, and no loss claim on a masked-LM arm that did not leave the plateau."""
+    groups = by_arm(results)
+    stuck = set(plateau_arms(results))
+    kept = []
+    for claim in (*_ablation_claims(), *QUESTIONS):
+        arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
+        if claim.objective == "mlm" and METRICS[claim.metric].kind == "loss" and stuck & set(arms):
+            continue
+        if all(
+            any(metric(r, claim.metric) is not None for r in groups.get((claim.objective, a), ()))
+            for a in arms
+        ):
+            kept.append(claim)
+    return list(dict.fromkeys(kept))
+
+
+# ---------------------------------------------------------------------------------------------
+# Testing the family
+# ---------------------------------------------------------------------------------------------
+
+
+def _units_matrix(
+    runs: list[dict], name: str, seeds: list[int]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(sums [seeds, U], counts [U])`` of metric ``name`` for ``seeds`` of one arm (None when
+    the metric has no units, or the units differ between seeds)."""
+    by_seed = {r["seed"]: r for r in runs}
+    rows, counts = [], None
+    for seed in seeds:
+        units = metric_units(by_seed[seed], name)
+        if units is None:
+            return None
+        sums, these = units
+        if counts is None:
+            counts = these
+        elif list(these) != list(counts):
+            return None
+        rows.append(sums)
+    return torch.tensor(rows, dtype=torch.float64), torch.tensor(counts, dtype=torch.float64)
+
+
+def _bootstrap_se(values: torch.Tensor, counts: torch.Tensor, seed: int = 0) -> float:
+    """Standard error of ``sum(values) / sum(counts)`` over units (``[U]`` each), by
+    :data:`BOOTSTRAP_RESAMPLES` resamples of the units with replacement (seeded)."""
+    generator = torch.Generator().manual_seed(seed)
+    units = values.shape[0]
+    picks = torch.randint(0, units, (BOOTSTRAP_RESAMPLES, units), generator=generator)
+    weights = torch.zeros(BOOTSTRAP_RESAMPLES, units, dtype=torch.float64)
+    weights.scatter_add_(1, picks, torch.ones_like(picks, dtype=torch.float64))
+    estimates = (weights @ values) / (weights @ counts)
+    return float(estimates.std())
+
+
+def evaluation_se(results: list[dict], claim: Claim) -> float | None:
+    """The bootstrap standard error, from the evaluation text alone, of the claim's estimate
+    (the mean over seeds): per unit, the mean over the seeds both arms have of the summed
+    difference (or value), resampled over units. None when the metric has no units."""
+    groups = by_arm(results)
+    if isinstance(claim, Difference):
+        a = {r["seed"] for r in groups.get((claim.objective, claim.a), [])}
+        b = {r["seed"] for r in groups.get((claim.objective, claim.b), [])}
+        seeds = sorted(a & b)
+        left = _units_matrix(groups[claim.objective, claim.a], claim.metric, seeds)
+        right = _units_matrix(groups[claim.objective, claim.b], claim.metric, seeds)
+        if left is None or right is None or left[1].shape != right[1].shape:
+            return None
+        if not torch.equal(left[1], right[1]):
+            return None
+        values, counts = (left[0] - right[0]).mean(0), left[1]
+    else:
+        runs = groups[claim.objective, claim.arm]
+        units = _units_matrix(runs, claim.metric, sorted(r["seed"] for r in runs))
+        if units is None:
+            return None
+        values, counts = units[0].mean(0), units[1]
+    return _bootstrap_se(values, counts)
+
+
+def _values(results: list[dict], claim: Claim) -> dict[int, float]:
+    runs = by_arm(results).get((claim.objective, claim.arm), [])
+    return {r["seed"]: v for r in runs if (v := metric(r, claim.metric)) is not None}
+
+
+def _test(results: list[dict], claim: Claim) -> tuple[float, tuple[float, float], float, int]:
+    """``(estimate, 95% interval, uncorrected p, seeds)`` of one claim."""
+    if isinstance(claim, Difference):
+        diff = paired(results, claim.objective, claim.a, claim.b, claim.metric)
+        if diff is None:
+            raise ValueError(f"no seed has {claim.metric} for both arms of {claim.describe()}")
+        return diff.mean, diff.ci(), diff.p_value, diff.n
+    values = _values(results, claim)
+    if not values:
+        raise ValueError(f"no seed has {claim.metric} for {claim.describe()}")
+    if isinstance(claim, Change):  # the values are within-run differences: test them against 0
+        test = Paired(values)
+        return test.mean, test.ci(), test.p_value, test.n
+    bound = bound_test(values, claim.value, claim.side)
+    return bound.mean, bound.ci(), bound.p_value, len(values)
+
+
+def judge(results: list[dict], claims: list[Claim] | None = None) -> dict[Claim, Verdict]:
+    """Test every claim of the family (default :func:`report_claims`) and apply the verdict
+    rule of the module docstring, Holm's correction over all of them at once."""
+    claims = report_claims(results) if claims is None else list(claims)
+    tested = [_test(results, c) for c in claims]
+    adjusted = holm([t[2] for t in tested])
+    verdicts = {}
+    for claim, (estimate, ci, p, n), p_holm in zip(claims, tested, adjusted, strict=True):
+        eval_se = evaluation_se(results, claim)
+        if isinstance(claim, Bound):
+            distance = estimate - claim.value if claim.side == "above" else claim.value - estimate
+            effect_ok = distance > 0
+            called = claim.side
+            missing = "not shown"
+        else:
+            distance = abs(estimate)
+            effect_ok = distance >= MIN_EFFECT.get(METRICS[claim.metric].kind, 0.0)
+            called = "lower" if estimate < 0 else "higher"
+            missing = "within noise"
+        noise_ok = eval_se is None or eval_se < distance / 4
+        verdict = called if (p_holm < ALPHA and effect_ok and noise_ok) else missing
+        verdicts[claim] = Verdict(claim, estimate, ci, p, p_holm, eval_se, n, verdict)
+    return verdicts
+
+
+def spread_of_called(verdicts: dict[Claim, Verdict]) -> dict:
+    """For the report: how many claims, how many called, and the largest ratio of the
+    evaluation text's standard error to a called estimate's distance from zero or its bound."""
+    called = [v for v in verdicts.values() if v.called]
+    ratios = []
+    for v in called:
+        if v.eval_se is None:
+            continue
+        distance = (
+            abs(v.estimate - v.claim.value) if isinstance(v.claim, Bound) else abs(v.estimate)
+        )
+        ratios.append(v.eval_se / distance)
+    return {
+        "claims": len(verdicts),
+        "called": len(called),
+        "largest_eval_se_ratio": max(ratios) if ratios else None,
+        "median_eval_se_ratio": statistics.median(ratios) if ratios else None,
+    }

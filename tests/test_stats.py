@@ -1,0 +1,241 @@
+"""The comparison's statistics and verdict rule (no training; a few seconds).
+
+What is checked: Student's t distribution, its quantile and the incomplete beta function against
+``scipy.stats`` (a test-only dependency) and against values computed by hand; Holm's correction
+against its definition and a worked example; the paired t-test, its interval and the one-sample
+bound; the verdict rule on made-up runs (a small consistent difference is not called, a large
+one is, a huge family makes a moderate one "within noise", noise in the evaluation text
+withdraws a call); and the sign rule's false-positive rate, which the notebook teaches.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from course_lib.compare.claims import Bound, Change, Difference, judge, plateau_arms
+from course_lib.compare.stats import (
+    Paired,
+    Spread,
+    bound_test,
+    holm,
+    paired,
+    regularized_incomplete_beta,
+    t_cdf,
+    t_quantile,
+    t_two_sided_p,
+)
+
+scipy_stats = pytest.importorskip("scipy.stats")
+scipy_special = pytest.importorskip("scipy.special")
+
+
+# -- the t distribution -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 7, 10, 30])
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.0, 2.776, 5.0, 12.0, 60.0])
+def test_t_distribution_matches_scipy(df, t):
+    assert t_cdf(t, df) == pytest.approx(scipy_stats.t.cdf(t, df), rel=1e-10, abs=1e-14)
+    assert t_cdf(-t, df) == pytest.approx(scipy_stats.t.cdf(-t, df), rel=1e-10, abs=1e-14)
+    two_sided = 2 * scipy_stats.t.sf(abs(t), df)
+    assert t_two_sided_p(t, df) == pytest.approx(two_sided, rel=1e-9, abs=1e-300)
+
+
+@pytest.mark.parametrize("df", [1, 2, 4, 5, 9, 29])
+@pytest.mark.parametrize("q", [0.6, 0.9, 0.975, 0.995, 0.9999])
+def test_t_quantile_matches_scipy(df, q):
+    assert t_quantile(q, df) == pytest.approx(scipy_stats.t.ppf(q, df), rel=1e-9)
+    assert t_quantile(1 - q, df) == pytest.approx(scipy_stats.t.ppf(1 - q, df), rel=1e-9)
+
+
+@pytest.mark.parametrize("a, b", [(0.5, 0.5), (2.0, 0.5), (1.5, 3.0), (10.0, 0.5), (0.7, 8.0)])
+@pytest.mark.parametrize("x", [0.0, 1e-6, 0.2, 0.5, 0.9, 1.0])
+def test_incomplete_beta_matches_scipy(a, b, x):
+    expected = scipy_special.betainc(a, b, x)
+    assert regularized_incomplete_beta(a, b, x) == pytest.approx(expected, rel=1e-10, abs=1e-15)
+
+
+def test_t_distribution_by_hand():
+    # one degree of freedom is the Cauchy distribution: P(T <= t) = 1/2 + atan(t) / pi
+    for t in (0.5, 1.0, 3.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, rel=1e-12)
+    # two degrees of freedom: P(T <= t) = 1/2 + t / (2 sqrt(2 + t^2))
+    for t in (0.5, 1.0, 3.0):
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), rel=1e-12)
+    # the textbook value: t_{0.975} with 4 degrees of freedom is 2.776
+    assert t_quantile(0.975, 4) == pytest.approx(2.7764451, abs=1e-6)
+    with pytest.raises(ValueError, match="q must lie in"):
+        t_quantile(1.0, 4)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_two_sided_p(1.0, 0)
+
+
+# -- Holm ---------------------------------------------------------------------------------------
+
+
+def test_holm_by_hand_and_by_definition():
+    # m = 4: sorted 0.01, 0.02, 0.03, 0.5 -> 0.04, max(0.04, 0.06), max(0.06, 0.06), max(., 0.5)
+    assert holm([0.03, 0.01, 0.5, 0.02]) == pytest.approx([0.06, 0.04, 0.5, 0.06])
+    rng = random.Random(1)
+    for _ in range(50):
+        p = [rng.random() ** 3 for _ in range(rng.randint(1, 12))]
+        adjusted = holm(p)
+        order = sorted(range(len(p)), key=p.__getitem__)
+        for k, i in enumerate(order):
+            want = max(min(1.0, (len(p) - j) * p[order[j]]) for j in range(k + 1))
+            assert adjusted[i] == pytest.approx(want)
+        # the step-down procedure: reject while p_(k) <= alpha / (m - k)
+        alpha, rejected = 0.05, set()
+        for k, i in enumerate(order):
+            if p[i] > alpha / (len(p) - k):
+                break
+            rejected.add(i)
+        assert rejected == {i for i, q in enumerate(adjusted) if q <= alpha}
+
+
+# -- tests on seeds ----------------------------------------------------------------------------
+
+
+def test_paired_t_test_interval_and_p_match_scipy():
+    a = [2.01, 2.05, 1.98, 2.10, 2.03]
+    b = [2.10, 2.09, 2.08, 2.18, 2.06]
+    diff = Paired({s: x - y for s, (x, y) in enumerate(zip(a, b, strict=True))})
+    expected = scipy_stats.ttest_rel(a, b)
+    assert diff.t == pytest.approx(expected.statistic, rel=1e-10)
+    assert diff.p_value == pytest.approx(expected.pvalue, rel=1e-9)
+    lo, hi = diff.ci()
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    want = scipy_stats.t.interval(0.95, len(d) - 1, loc=sum(d) / len(d), scale=scipy_stats.sem(d))
+    assert (lo, hi) == pytest.approx(want, rel=1e-9)
+    spread = Spread({0: 1.0, 1: 2.0, 2: 3.0})
+    assert (spread.mean, spread.sd, spread.low, spread.high) == (2.0, 1.0, 1.0, 3.0)
+    assert spread.text(2) == "2.00 ± 1.00"
+    assert spread.interval_text(1) == "2.0 [-0.5, 4.5]"
+
+
+def test_one_sided_bound_matches_scipy():
+    values = {0: 0.71, 1: 0.66, 2: 0.80, 3: 0.69, 4: 0.75}
+    above = bound_test(values, 0.6, "above")
+    expected = scipy_stats.ttest_1samp(list(values.values()), 0.6, alternative="greater")
+    assert above.p_value == pytest.approx(expected.pvalue, rel=1e-9)
+    below = bound_test(values, 0.6, "below")
+    assert below.p_value == pytest.approx(1 - expected.pvalue, rel=1e-9)
+    with pytest.raises(ValueError, match="side"):
+        bound_test(values, 0.6, "beside")
+
+
+def test_no_spread_and_one_seed():
+    assert Paired({0: -0.5, 1: -0.5}).p_value == 0.0  # every seed the same, not zero
+    assert Paired({0: 0.0, 1: 0.0}).p_value == 1.0
+    assert Paired({0: -1.0}).p_value == 1.0  # one seed never makes a verdict
+    assert bound_test({0: 1.0, 1: 1.0}, 0.5, "above").p_value == 0.0
+
+
+# -- the verdict rule -------------------------------------------------------------------------
+
+
+def _run(arm, seed, loss, *, objective="clm", units=None):
+    """A made-up results dict with a test loss (and, optionally, per-window sums)."""
+    units = units or ([loss * 10.0] * 4, [10] * 4)
+    return {
+        "objective": objective,
+        "arm": arm,
+        "encoding": arm,
+        "seed": seed,
+        "data": {"unigram_entropy_nats": 3.2},
+        "evaluation": {
+            "val": {"status": "ok", "loss": loss, "unit_sums": units[0], "unit_counts": units[1]}
+        },
+        "probes": {},
+        "learned_values": {},
+    }
+
+
+def test_a_small_difference_is_not_called_and_a_large_one_is():
+    small = [_run("a", s, 2.0 + 0.01 * s) for s in range(6)]
+    small += [_run("b", s, 2.01 + 0.01 * s + 0.001 * (s % 2)) for s in range(6)]
+    claim = Difference("clm", "a", "b", "val_loss")
+    verdict = judge(small, [claim])[claim]
+    assert verdict.p_value < 1e-4  # the seeds agree ...
+    assert verdict.verdict == "within noise"  # ... but 0.01 nats is below the minimum effect
+    large = [_run("a", s, 2.0 + 0.01 * s) for s in range(6)]
+    large += [_run("b", s, 2.1 + 0.01 * s + 0.002 * (s % 2)) for s in range(6)]
+    verdict = judge(large, [claim])[claim]
+    assert verdict.verdict == "lower" and verdict.estimate == pytest.approx(-0.1, abs=2e-3)
+
+
+def test_holm_makes_a_moderate_difference_within_noise_in_a_large_family():
+    rng = random.Random(0)
+    results = [_run("a", s, 2.0 + rng.gauss(0, 0.01)) for s in range(5)]
+    results += [_run("b", s, r["evaluation"]["val"]["loss"] + 0.05 + rng.gauss(0, 0.02))
+                for s, r in enumerate(results)]  # fmt: skip
+    claim = Difference("clm", "b", "a", "val_loss")
+    alone = judge(results, [claim])[claim]
+    assert alone.verdict == "higher"
+    # the same claim among many that show nothing: Holm multiplies its p by their number
+    others = [Bound("clm", "a", "val_loss", "below", 1.0) for _ in range(200)]
+    crowded = judge(results, [claim, *others])[claim]
+    assert crowded.p_value == alone.p_value and crowded.p_holm == pytest.approx(
+        min(1.0, 201 * alone.p_value)
+    )
+    assert crowded.verdict == "within noise"
+
+
+def test_noise_in_the_evaluation_text_withdraws_a_call():
+    # b - a = 0.05 in every seed, but carried by one window of four: the text's own standard
+    # error of the difference is then large, and the call is withdrawn
+    def runs(spread_over_windows: bool):
+        out = []
+        for s in range(5):
+            base = 2.0 + 0.01 * s
+            out.append(_run("a", s, base, units=([base * 10] * 4, [10] * 4)))
+            extra = [0.5] * 4 if spread_over_windows else [2.0, 0, 0, 0]
+            sums = [base * 10 + e + 0.01 * s * (i == 0) for i, e in enumerate(extra)]
+            out.append(_run("b", s, sum(sums) / 40, units=(sums, [10] * 4)))
+        return out
+
+    claim = Difference("clm", "b", "a", "val_loss")
+    assert judge(runs(True), [claim])[claim].verdict == "higher"
+    noisy = judge(runs(False), [claim])[claim]
+    assert noisy.eval_se > noisy.estimate / 4 and noisy.verdict == "within noise"
+
+
+def test_bounds_and_changes():
+    results = [_run("a", s, 0.3 + 0.01 * (s % 3)) for s in range(6)]
+    above = Bound("clm", "a", "val_loss", "above", 0.2)
+    below = Bound("clm", "a", "val_loss", "below", 0.2)
+    change = Change("clm", "a", "val_loss")  # any metric: tested against 0
+    verdicts = judge(results, [above, below, change])
+    assert verdicts[above].verdict == "above" and verdicts[below].verdict == "not shown"
+    assert verdicts[change].verdict == "higher"
+
+
+def test_plateau_arms_are_those_with_a_seed_near_the_unigram_entropy():
+    results = [_run("ok", s, 2.9, objective="mlm") for s in range(3)]
+    results += [_run("stuck", s, 3.0 + 0.1 * s, objective="mlm") for s in range(3)]
+    assert plateau_arms(results) == {"stuck": pytest.approx(3.2)}
+
+
+def test_paired_reads_the_same_seeds_of_both_arms():
+    results = [_run("a", 0, 1.0), _run("a", 1, 2.0), _run("b", 0, 1.5), _run("b", 1, 2.1)]
+    diff = paired(results, "clm", "a", "b", "val_loss")
+    assert diff.differences == pytest.approx({0: -0.5, 1: -0.1})
+    assert paired(results, "clm", "a", "missing", "val_loss") is None
+
+
+def test_the_sign_rule_calls_a_null_difference_two_in_two_to_the_n():
+    """What notebook 10 shows by simulation: with no true difference, every seed agreeing in
+    sign happens with probability 2 x 0.5^n; the t-test at 0.05 is wrong 5% of the time."""
+    rng = random.Random(7)
+    trials = 4000
+    for n in (3, 5):
+        signs = tests = 0
+        for _ in range(trials):
+            d = [rng.gauss(0.0, 1.0) for _ in range(n)]
+            signs += all(x > 0 for x in d) or all(x < 0 for x in d)
+            tests += Paired(dict(enumerate(d))).p_value < 0.05
+        assert signs / trials == pytest.approx(2 * 0.5**n, abs=0.02)
+        assert tests / trials == pytest.approx(0.05, abs=0.012)
