@@ -51,10 +51,11 @@ def make_rse(seed: int = 0, **options) -> RSEAttention:
     torch.manual_seed(seed)
     module = RSEAttention(HIDDEN, HEADS, max_position_embeddings=64, **options)
     with torch.no_grad():
+        gain = module.parameter_gain  # lambda = softplus(gain * raw), beta = gain * raw
         if hasattr(module, "distance_penalty_raw"):
-            module.distance_penalty_raw.copy_(torch.log(torch.expm1(torch.tensor(LAMBDA))))
-        if module.stick_bias is not None:
-            module.stick_bias.copy_(torch.tensor(BETA))
+            module.distance_penalty_raw.copy_(torch.log(torch.expm1(torch.tensor(LAMBDA))) / gain)
+        if module.stick_bias_raw is not None:
+            module.stick_bias_raw.copy_(torch.tensor(BETA) / gain)
     return module
 
 
@@ -169,7 +170,7 @@ def test_triton_agrees_with_reference(config, causal, seq):
     mask = (torch.arange(seq)[None] < torch.tensor([[seq], [seq - 4]])).to(device)
     upstream = torch.randn(2, seq, HIDDEN, generator=gen(10)).to(device)
     names = [n for n, _ in module.named_parameters()]
-    for own in ("stick_bias", "distance_penalty_raw"):
+    for own in ("stick_bias_raw", "distance_penalty_raw"):
         assert (own in names) == (getattr(module, own, None) is not None)
     results = []
     for backend in ("reference", "triton"):
@@ -182,8 +183,8 @@ def test_triton_agrees_with_reference(config, causal, seq):
     torch.testing.assert_close(out_tri, out_ref, atol=1e-4, rtol=1e-4)
     for name, g_tri, g_ref in zip(["input", *names], grads_tri, grads_ref, strict=True):
         torch.testing.assert_close(g_tri, g_ref, atol=2e-4, rtol=1e-3, msg=lambda m, n=name: n + m)
-    if "stick_bias" in names:  # the bias matters: its gradient is not ~0
-        assert grads_ref[1 + names.index("stick_bias")].abs().max() > 1e-3
+    if "stick_bias_raw" in names:  # the bias matters: its gradient is not ~0
+        assert grads_ref[1 + names.index("stick_bias_raw")].abs().max() > 1e-3
 
 
 # -- the fused kernels: the hook --------------------------------------------------------------

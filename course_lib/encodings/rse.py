@@ -13,6 +13,8 @@ penalty; a constant ``beta_h`` cancels under softmax, so it needs the stick).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,10 @@ from course_lib.kernel_hooks import ScoreBias
 from course_lib.registry import NORMALISER_NAMES, REQUIRED, Encoding, register
 
 __all__ = ["RSEAttention"]
+
+
+def _softplus(x: float) -> float:
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
 
 
 def rse_penalty(
@@ -60,11 +66,22 @@ def check_rse_params(params: dict, *, heads: int, head_dim: int, device, **call)
         check_float_tensor(params["stick_bias"], "stick_bias", "[heads]", device, shape=(heads,))
 
 
+#: ``g``: lambda_h = softplus(g r_h) and beta_h = g b_h for the stored parameters r_h, b_h.
+PARAMETER_GAIN = 25.0
+
+
 class RSEAttention(RoPEAttention):
     """RoPE + learnable distance penalty ``lambda_h * |i - j|`` + stick-breaking.
 
-    ``lambda_h = softplus(raw_h) >= 0``, one per head, initialised to ``penalty_init`` (0.01).
-    Options (defaults: RSE as in chapter 05):
+    ``lambda_h = softplus(g r_h) >= 0``, one per head, initialised to ``penalty_init`` (0.01);
+    the stored parameter is ``r_h`` (``distance_penalty_raw``) and ``g = parameter_gain`` (25).
+    Adam moves a parameter by about its learning rate per step whatever the gradient's scale,
+    so ``g`` multiplies how far ``log lambda`` can travel in a run: with ``g = 1`` a run of the
+    comparison (300 steps at 3e-3) keeps lambda within a factor ~1.6 of its start; with
+    ``g = 25`` it can reach 1e-3 and 1 from 0.01 at the comparison's smallest learning rate
+    (``tests/test_rse_options.py`` runs the optimiser to show it). The stick bias is
+    ``beta_h = g b_h`` (``stick_bias_raw``) for the same reason. Options (defaults: RSE as in
+    chapter 05):
 
     * ``learn_penalty=False``: lambda stays at ``penalty_init`` (a buffer; ``0.0`` = no penalty);
     * ``stick_bias_init``: a float adds a learned per-head bias ``beta_h`` to every logit,
@@ -86,8 +103,15 @@ class RSEAttention(RoPEAttention):
         learn_penalty: bool = True,
         stick_bias_init: float | None = None,
         normaliser: str = "stick_breaking",
+        parameter_gain: float = PARAMETER_GAIN,
     ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
+        if isinstance(parameter_gain, bool) or not (
+            isinstance(parameter_gain, (int, float)) and 0.0 < parameter_gain < float("inf")
+        ):
+            raise ValueError(f"parameter_gain must be a finite number > 0, got {parameter_gain!r}")
+        self.parameter_gain = float(parameter_gain)
+        self.penalty_init, self.stick_bias_init = penalty_init, stick_bias_init
         if (
             isinstance(penalty_init, bool)
             or not isinstance(penalty_init, (int, float))
@@ -101,23 +125,25 @@ class RSEAttention(RoPEAttention):
             )
         init = torch.full((num_heads,), float(penalty_init))
         if learn_penalty:
-            self.distance_penalty_raw = nn.Parameter(torch.log(torch.expm1(init)))
+            raw = torch.log(torch.expm1(init)) / self.parameter_gain
+            self.distance_penalty_raw = nn.Parameter(raw)
         else:
             self.register_buffer("fixed_distance_penalty", init)
         if stick_bias_init is None:
-            self.stick_bias = None
+            self.stick_bias_raw = None
         elif (
             not isinstance(stick_bias_init, bool)
             and isinstance(stick_bias_init, (int, float))
             and abs(stick_bias_init) < float("inf")
         ):
-            self.stick_bias = nn.Parameter(torch.full((num_heads,), float(stick_bias_init)))
+            start = float(stick_bias_init) / self.parameter_gain
+            self.stick_bias_raw = nn.Parameter(torch.full((num_heads,), start))
         else:
             raise ValueError(
                 f"stick_bias_init must be None or a finite number, got {stick_bias_init!r}"
             )
         self.normaliser = check_choice("normaliser", normaliser, NORMALISER_NAMES)
-        if self.stick_bias is not None and self.normaliser == "softmax":
+        if self.stick_bias_raw is not None and self.normaliser == "softmax":
             raise ValueError(
                 "stick_bias_init needs normaliser='stick_breaking': a constant per head cancels "
                 "under softmax"
@@ -127,8 +153,29 @@ class RSEAttention(RoPEAttention):
     def distance_penalty(self) -> torch.Tensor:
         """``lambda`` per head, ``[heads]``, always >= 0."""
         if hasattr(self, "distance_penalty_raw"):
-            return F.softplus(self.distance_penalty_raw)
+            return F.softplus(self.parameter_gain * self.distance_penalty_raw)
         return self.fixed_distance_penalty
+
+    @property
+    def stick_bias(self) -> torch.Tensor | None:
+        """``beta`` per head, ``[heads]`` (None without a stick bias)."""
+        if self.stick_bias_raw is None:
+            return None
+        return self.parameter_gain * self.stick_bias_raw
+
+    def reachable_values(self, movement: float) -> dict[str, tuple[float, float]]:
+        """The range each learned value can reach when its stored parameter moves by at most
+        ``movement`` from its start (about the sum of the learning rates under Adam,
+        :func:`course_lib.train.learning_rate_sum`): ``lambda`` in ``[softplus(g r_0 - g m),
+        softplus(g r_0 + g m)]``, ``beta`` in ``[beta_0 - g m, beta_0 + g m]``."""
+        reach = {}
+        step = self.parameter_gain * movement
+        if hasattr(self, "distance_penalty_raw"):
+            start = math.log(math.expm1(self.penalty_init))
+            reach["distance_penalty"] = (_softplus(start - step), _softplus(start + step))
+        if self.stick_bias_init is not None:
+            reach["stick_bias"] = (self.stick_bias_init - step, self.stick_bias_init + step)
+        return reach
 
     def attention_params(self, hidden_states: torch.Tensor) -> dict:
         return {
