@@ -5,11 +5,14 @@ probe scoring and cost.
   validation windows (next token for ``clm``; the masked tokens only, with seeded masks, for
   ``mlm``). :func:`bits_per_byte` converts: ``loss / ln 2`` (one token is one UTF-8 byte, i.e. one
   character for ASCII text).
-* :func:`extrapolation_losses`: that loss at multiples of the training length; a learned table
-  reports "not applicable" past its last row instead of crashing or clipping.
-* :func:`probe_inputs` / :func:`probe_correct`: a probe's examples as model inputs, and whether the
-  model picks the right candidate for each (the fine-tune before it is
-  :func:`course_lib.train.probe_finetune`).
+* :func:`heldout_loss`: the loss on held-out windows, one unit per window (summed over several
+  mask draws for ``mlm``), so a report can bootstrap the evaluation text's own noise;
+* :func:`shift_and_context_losses`: past the training length, on the same targets, what far
+  positions cost with the training length's context and what a long context adds; a learned
+  table reports "not applicable" past its last row instead of crashing or clipping.
+* :func:`probe_inputs` / :func:`probe_scores` / :func:`probe_correct`: a probe's examples as
+  model inputs, the candidates' logits, and whether the answer is strictly the best (a tie is
+  wrong; the fine-tune before it is :func:`course_lib.train.probe_finetune`).
 * :func:`peak_memory`: what a run cost in memory.
 
 Nothing here changes a model's parameters.
@@ -33,13 +36,15 @@ __all__ = [
     "AUTOCAST_DTYPES",
     "bits_per_byte",
     "evaluate_loss",
-    "extrapolation_losses",
+    "heldout_loss",
     "peak_memory",
-    "position_bucket_losses",
     "position_limit",
     "probe_correct",
     "probe_inputs",
+    "probe_scores",
+    "shift_and_context_losses",
     "spread_windows",
+    "unit_entry",
 ]
 
 #: ``autocast_dtype`` names a run may use: None (fp32), or a CUDA autocast dtype.
@@ -99,11 +104,21 @@ def evaluate_loss(
     The windows are the non-overlapping :func:`course_lib.data.eval_windows` of ``seq_len``
     tokens; with ``max_windows`` (``W``) only ``W`` of them, evenly spread over the whole stream
     (indices ``round(linspace(0, available - 1, W))``), so a short evaluation still samples every
-    part of the validation text. ``clm`` predicts every next token; ``mlm`` masks each batch of
+    part of the validation text. ``tokens`` may instead be windows ``[N, seq_len + 1]`` already
+    cut (:func:`course_lib.data.segment_windows`), of which ``max_windows`` are spread the same
+    way. ``clm`` predicts every next token; ``mlm`` masks each batch of
     windows with :func:`~course_lib.data.mask_tokens` from a generator seeded by ``mask_seed``
     and is scored on the masked tokens only. Returns ``(sum of losses / count, count)``.
     """
-    inputs, targets = spread_windows(tokens, seq_len, max_windows)
+    if tokens.dim() == 2:
+        if tokens.shape[1] != seq_len + 1:
+            raise ValueError(f"windows must be [N, {seq_len + 1}], got {tuple(tokens.shape)}")
+        picks = torch.arange(tokens.shape[0])
+        if max_windows is not None and max_windows < tokens.shape[0]:
+            picks = torch.linspace(0, tokens.shape[0] - 1, max_windows).round().long()
+        inputs, targets = tokens[picks, :-1], tokens[picks, 1:]
+    else:
+        inputs, targets = spread_windows(tokens, seq_len, max_windows)
     if model.config.objective == "mlm":
         generator = torch.Generator().manual_seed(mask_seed)
         inputs, targets = _mask_in_batches(inputs, generator, mask_prob, batch_size)
@@ -165,138 +180,186 @@ def spread_windows(
     return inputs, targets
 
 
-def extrapolation_losses(
+def _check_offsets(offsets: tuple[int, ...], train_len: int, long_len: int) -> None:
+    if not offsets or any(
+        isinstance(o, bool)
+        or not isinstance(o, int)
+        or o < 1
+        or o % train_len
+        or o + train_len > long_len
+        for o in offsets
+    ):
+        raise ValueError(
+            f"offsets must be multiples of {train_len} with offset + {train_len} <= "
+            f"{long_len}, got {offsets}"
+        )
+
+
+def unit_entry(sums: torch.Tensor, counts: torch.Tensor) -> dict:
+    """A results entry from per-unit summed losses and target counts (``[U]`` each):
+    ``{"status": "ok", "loss": sum / count, "tokens", "unit_sums", "unit_counts"}``; units
+    with no target are left out. The per-unit values let a report bootstrap the evaluation
+    text's own noise (resampling units)."""
+    keep = counts > 0
+    sums, counts = sums[keep].double(), counts[keep].long()
+    total = int(counts.sum())
+    return {
+        "status": "ok",
+        "loss": float(sums.sum()) / max(total, 1),
+        "tokens": total,
+        "unit_sums": [round(v, 5) for v in sums.tolist()],
+        "unit_counts": counts.tolist(),
+    }
+
+
+def _masked_draws(
+    windows: torch.Tensor, draws: int, mask_prob: float, mask_seed: int, batch_size: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``draws`` BERT maskings ``(inputs, labels)`` of ``windows`` ``[W, T]``, from one
+    generator seeded ``mask_seed`` (the same for every model, so every model is scored on the
+    same targets)."""
+    generator = torch.Generator().manual_seed(mask_seed)
+    return [_mask_in_batches(windows, generator, mask_prob, batch_size) for _ in range(draws)]
+
+
+def heldout_loss(
     model: MiniBert,
-    tokens: torch.Tensor,
-    train_len: int,
-    multiples: tuple[int, ...] = (1, 2, 4),
+    windows: torch.Tensor,
     *,
-    eval_tokens: int = 8192,
-    batch_size: int = 8,
+    mask_draws: int = 4,
     mask_prob: float = 0.15,
     mask_seed: int = 1234,
+    batch_size: int = 16,
     autocast_dtype: str | None = None,
-) -> list[dict]:
-    """Validation loss at ``m * train_len`` for each multiple ``m``, on the same text.
+) -> dict:
+    """The loss on held-out windows ``[W, L + 1]`` (e.g. from
+    :func:`course_lib.data.segment_windows`) at their length ``L``, per window.
 
-    The text is ``eval_tokens // (M * train_len)`` chunks of ``M * train_len`` tokens
-    (``M = max(multiples)``) spread evenly over ``tokens`` (:func:`spread_windows`); for ``mlm``
-    the chunks are masked once (generator seeded by ``mask_seed``). At multiple ``m`` each chunk
-    is cut into ``M / m`` windows of ``m * train_len`` tokens, so every length scores the same
-    tokens (and, for ``mlm``, the same masks); only the context each window gives differs.
-
-    Each entry: ``{"multiple", "length", "status": "ok", "loss", "bits_per_byte", "tokens"}``, or
-    for a length past a learned table ``{"multiple", "length", "status": "not_applicable",
-    "reason"}`` (a learned table has no row for those positions; nothing is clipped or resized).
-    """
-    if not multiples or any(not isinstance(m, int) or m < 1 for m in multiples):
-        raise ValueError(f"multiples must be positive ints, got {multiples}")
-    longest = max(multiples) * train_len
-    if any(longest % (m * train_len) for m in multiples):
-        raise ValueError(f"every multiple must divide the largest one, got {multiples}")
-    inputs, targets = spread_windows(tokens, longest, max(1, eval_tokens // longest))
-    if model.config.objective == "mlm":
-        generator = torch.Generator().manual_seed(mask_seed)
-        inputs, targets = mask_tokens(inputs, generator, mask_prob)
-    limit = position_limit(model)
-    out = []
-    for multiple in multiples:
-        length = multiple * train_len
-        entry: dict = {"multiple": multiple, "length": length}
-        if limit is not None and length > limit:
-            entry.update(
-                status="not_applicable",
-                reason=f"learned position table has {limit} rows; length {length} is past it",
-            )
-        else:
-            total, count = _summed_loss(
-                model,
-                inputs.reshape(-1, length),
-                targets.reshape(-1, length),
-                max(1, batch_size // multiple),
-                autocast_dtype,
-            )
-            loss = total / max(count, 1)
-            entry.update(status="ok", loss=loss, bits_per_byte=bits_per_byte(loss), tokens=count)
-        out.append(entry)
-    return out
+    ``clm``: inputs ``windows[:, :-1]``, labels ``windows[:, 1:]`` (every next byte). ``mlm``:
+    ``windows[:, :-1]`` masked ``mask_draws`` times (:func:`_masked_draws`), each draw scored on
+    its masked bytes; a window's sum and count add over the draws, so a window stays one unit
+    for the bootstrap. Returns :func:`unit_entry`."""
+    if model.config.objective == "clm":
+        draws = [(windows[:, :-1], windows[:, 1:])]
+    else:
+        draws = _masked_draws(windows[:, :-1], mask_draws, mask_prob, mask_seed, batch_size)
+    sums = torch.zeros(windows.shape[0], dtype=torch.float64)
+    counts = torch.zeros(windows.shape[0], dtype=torch.long)
+    for inputs, labels in draws:
+        losses = _token_losses(model, inputs, labels, batch_size, autocast_dtype)
+        sums += torch.nan_to_num(losses.double()).sum(1)
+        counts += (~torch.isnan(losses)).sum(1)
+    return unit_entry(sums, counts)
 
 
-def position_bucket_losses(
+def shift_and_context_losses(
     model: MiniBert,
-    tokens: torch.Tensor,
+    windows: torch.Tensor,
     train_len: int,
-    multiples: tuple[int, ...] = (1, 2, 4, 8),
+    offsets: tuple[int, ...] = (64, 128, 256, 448),
     *,
-    eval_tokens: int = 16384,
-    batch_size: int = 8,
+    mask_draws: int = 2,
     mask_prob: float = 0.15,
-    mask_seed: int = 1234,
+    mask_seed: int = 4321,
+    batch_size: int = 8,
     autocast_dtype: str | None = None,
-) -> list[dict]:
-    """Validation loss by target position, in buckets, all from windows of ``M * train_len``.
+) -> dict[str, dict]:
+    """Past the training length, position and context apart, on the same targets.
 
-    ``M = max(multiples)``; bucket ``k`` holds the targets at positions ``[m_{k-1} L, m_k L)``
-    (``m_{-1} = 0``), e.g. 0-63, 64-127, 128-255, 256-511 for ``L = 64`` and multiples
-    ``(1, 2, 4, 8)``. Every bucket is scored on the same windows (``eval_tokens // (M L)`` of
-    them, spread over ``tokens``; for ``mlm`` masked once with a generator seeded by
-    ``mask_seed``). For ``clm`` bucket 0 is the training length's loss with the training
-    length's context, and a later bucket's rise is what positions past the training length cost
-    (with more context before them). For ``mlm`` every target sees the whole window on both
-    sides, so even bucket 0 meets distances never seen in training: compare its buckets with the
-    loss at the training length (:func:`extrapolation_losses` at multiple 1). A model with a position table (:func:`position_limit`) is scored
-    on the first ``limit`` tokens of each window for the buckets that fit (the same targets;
-    for ``mlm`` its context then stops at the limit) and reports the others
-    ``"not_applicable"``.
+    ``windows`` ``[W, M + 1]`` of held-out text (``M`` a multiple of ``train_len``, ``L``).
+    For each ``o = kL`` in ``offsets`` (multiples of ``L``), the ``L`` targets at
+    ``o .. o + L - 1`` of every window are scored three ways, named by ``k``:
 
-    Each entry: ``{"start", "end", "status": "ok", "loss", "tokens"}`` or ``{"start", "end",
-    "status": "not_applicable", "reason"}``.
+    * ``near@kL``: the block ``o .. o + L - 1`` alone, at positions ``0 .. L - 1`` (the
+      training condition: ``L`` tokens of context);
+    * ``shift@kL``: the same block alone, at positions ``o .. o + L - 1`` (``position_ids``):
+      the same tokens and context, only the positions differ;
+    * ``long@kL``: the targets inside the whole window of ``M`` (positions ``o ..``, with every
+      token before them, and for ``mlm`` after them, as context).
+
+    ``shift - near`` is what far positions alone cost; ``long - shift`` is what the extra
+    context adds or costs at the far positions. Also ``bucket<k>``: the long windows' loss by
+    target position, ``0 .. L - 1``, ``L .. 2L - 1``, ``2L .. 4L - 1``, ``4L .. 8L - 1`` (clm:
+    a target at ``t`` sees ``t + 1`` tokens, so position and context grow together). ``clm``
+    predicts each next byte (labels ``windows[:, 1:]``); ``mlm`` masks the long windows
+    ``mask_draws`` times and every block and bucket keeps the long window's masks. A model with
+    a position table (:func:`position_limit`) reports ``{"status": "not_applicable",
+    "reason"}`` for what needs positions past it. ``batch_size``: long windows per forward.
+    Returns ``{name: unit_entry(...)}``, one unit per window.
     """
-    if not multiples or any(not isinstance(m, int) or m < 1 for m in multiples):
-        raise ValueError(f"multiples must be positive ints, got {multiples}")
-    if list(multiples) != sorted(set(multiples)):
-        raise ValueError(f"multiples must increase, got {multiples}")
-    length = max(multiples) * train_len
-    inputs, targets = spread_windows(tokens, length, max(1, eval_tokens // length))
-    if model.config.objective == "mlm":
-        generator = torch.Generator().manual_seed(mask_seed)
-        inputs, targets = mask_tokens(inputs, generator, mask_prob)
+    long_len = windows.shape[1] - 1
+    if long_len % train_len:
+        raise ValueError(f"the windows' length {long_len} must be a multiple of {train_len}")
+    _check_offsets(tuple(offsets), train_len, long_len)
     limit = position_limit(model)
-    visible = length if limit is None else min(limit, length)
-    losses = _token_losses(
-        model, inputs[:, :visible], targets[:, :visible], batch_size, autocast_dtype
-    )  # [W, visible], NaN where not scored
-    out, start = [], 0
-    for multiple in multiples:
-        end = multiple * train_len
-        entry: dict = {"start": start, "end": end}
-        if end > visible:
-            entry.update(
-                status="not_applicable",
-                reason=f"position table has {limit} rows; positions {start}-{end - 1} are past it",
-            )
+    if model.config.objective == "clm":
+        draws = [(windows[:, :-1], windows[:, 1:])]
+    else:
+        draws = _masked_draws(windows[:, :-1], mask_draws, mask_prob, mask_seed, batch_size)
+    count = windows.shape[0]
+
+    def tag(o: int) -> str:
+        return f"@{o // train_len}L"
+
+    names = [f"{kind}{tag(o)}" for o in offsets for kind in ("near", "shift", "long")]
+    edges = [0, train_len, 2 * train_len, 4 * train_len, 8 * train_len]
+    buckets = [(edges[k], edges[k + 1]) for k in range(4) if edges[k + 1] <= long_len]
+    names += [f"bucket{k}" for k in range(len(buckets))]
+    sums = {n: torch.zeros(count, dtype=torch.float64) for n in names}
+    counts = {n: torch.zeros(count, dtype=torch.long) for n in names}
+
+    def add(name: str, losses: torch.Tensor) -> None:
+        sums[name] += torch.nan_to_num(losses.double()).sum(1)
+        counts[name] += (~torch.isnan(losses)).sum(1)
+
+    def fits(last_position: int) -> bool:
+        return limit is None or last_position < limit
+
+    rows = batch_size * (long_len // train_len)  # short blocks: as many tokens per forward
+
+    for inputs, labels in draws:
+        if fits(long_len - 1):
+            every = _token_losses(model, inputs, labels, batch_size, autocast_dtype)
+            for o in offsets:
+                add(f"long{tag(o)}", every[:, o : o + train_len])
+            for k, (start, end) in enumerate(buckets):
+                add(f"bucket{k}", every[:, start:end])
+        for o in offsets:
+            block, block_labels = inputs[:, o : o + train_len], labels[:, o : o + train_len]
+            add(f"near{tag(o)}", _token_losses(model, block, block_labels, rows, autocast_dtype))
+            if fits(o + train_len - 1):
+                shifted = _token_losses(
+                    model, block, block_labels, rows, autocast_dtype,
+                    position_ids=torch.arange(o, o + train_len),
+                )  # fmt: skip
+                add(f"shift{tag(o)}", shifted)
+    out = {}
+    for name in names:
+        if int(counts[name].sum()) == 0:
+            out[name] = {
+                "status": "not_applicable",
+                "reason": f"the position table has {limit} rows; {name} needs positions past it",
+            }
         else:
-            part = losses[:, start:end]
-            scored = ~torch.isnan(part)
-            count = int(scored.sum())
-            loss = float(part[scored].double().sum()) / max(count, 1)
-            entry.update(status="ok", loss=loss, tokens=count)
-        out.append(entry)
-        start = end
+            out[name] = unit_entry(sums[name], counts[name])
     return out
 
 
 @torch.no_grad()
-def _token_losses(model, inputs, labels, batch_size, autocast_dtype) -> torch.Tensor:
-    """Cross-entropy of every labelled token ``[N, T]`` (float32, NaN where the label is -100)."""
+def _token_losses(
+    model, inputs, labels, batch_size, autocast_dtype, position_ids=None
+) -> torch.Tensor:
+    """Cross-entropy of every labelled token ``[N, T]`` (float32, NaN where the label is
+    -100), in eval mode; ``position_ids`` ``[T]`` (default ``0 .. T - 1``)."""
     device = model_device(model)
     was_training = model.training
     model.eval()
     rows = []
+    positions = None if position_ids is None else position_ids.to(device)
     for part in batch_slices(inputs.shape[0], batch_size):
         part_labels = labels[part].to(device)
         with autocast(device, autocast_dtype):
-            logits = model(inputs[part].to(device)).logits
+            logits = model(inputs[part].to(device), position_ids=positions).logits
         loss = F.cross_entropy(
             logits.float().transpose(1, 2), part_labels, ignore_index=IGNORE_INDEX, reduction="none"
         )
@@ -356,10 +419,11 @@ def probe_inputs(
 
 
 @torch.no_grad()
-def probe_correct(
+def probe_scores(
     model: MiniBert, probe: ProbeBatch, *, batch_size: int = 256, autocast_dtype: str | None = None
 ) -> torch.Tensor:
-    """Bool ``[N]``: whether the model picks the right candidate for each probe example."""
+    """The model's logit of every candidate of every example, ``[N, candidates]`` (float32),
+    read where :func:`probe_inputs` says the answer is decided."""
     device = model_device(model)
     inputs, _, score_index = probe_inputs(probe, model.config.objective)
     was_training = model.training
@@ -369,6 +433,24 @@ def probe_correct(
         with autocast(device, autocast_dtype):
             logits = model(inputs[part].to(device)).logits
         rows = torch.arange(logits.shape[0], device=device)
-        scored.append(logits[rows, score_index[part].to(device)].float().cpu())  # [n, vocab]
+        at = logits[rows, score_index[part].to(device)].float()  # [n, vocab]
+        scored.append(at.gather(1, probe.candidate_ids[part].to(device)).cpu())
     model.train(was_training)
-    return probe.choose(torch.cat(scored)) == probe.answer_id
+    return torch.cat(scored)
+
+
+def probe_correct(
+    model: MiniBert, probe: ProbeBatch, *, batch_size: int = 256, autocast_dtype: str | None = None
+) -> torch.Tensor:
+    """Bool ``[N]``: whether the answer's logit is strictly above every other candidate's
+    (:func:`probe_scores`). A tie counts as wrong: a model that cannot tell the candidates
+    apart scores nothing, whatever order they come in."""
+    scores = probe_scores(model, probe, batch_size=batch_size, autocast_dtype=autocast_dtype)
+    is_answer = probe.candidate_ids == probe.answer_id[:, None]
+    if not bool((is_answer.sum(1) == 1).all()):
+        raise ValueError(
+            "every probe example must list its answer exactly once among the candidates"
+        )
+    answer = scores[is_answer]
+    others = scores.masked_fill(is_answer, float("-inf")).amax(1)
+    return answer > others
