@@ -10,12 +10,15 @@ The processes are used in one of two modes (:data:`MODES`):
 
 * ``"data"``, data parallel: every run is trained by all N processes together, wrapped in
   :class:`~torch.nn.parallel.DistributedDataParallel`. At each step every process draws the
-  preset's whole batch of ``B`` rows from the same seeded generator and keeps its own ``B / N``
-  consecutive rows (:meth:`Processes.shard`), so the global batch, the data order and the
-  learning-rate schedule are those of one process. Rank 0 alone validates, evaluates, probes and
-  writes results, checkpoints and figures; the others wait for it.
-* ``"runs"``: each process trains whole runs (run ``i`` of the comparison's list on rank
-  ``i mod N``), each exactly as one process would; rank 0 draws the figures at the end.
+  preset's whole batch of ``B`` rows from the same seeded generator (masked-LM masks included)
+  and keeps its own ``B / N`` consecutive rows (:meth:`Processes.shard`), so the global batch,
+  the data order, the masks, the dropout masks (:class:`course_lib.train.GlobalBatchDropout`)
+  and the learning-rate schedule are those of one process; only the order of float sums
+  differs. Rank 0 alone validates, evaluates, probes and writes results, checkpoints and
+  figures; the others wait for it.
+* ``"runs"``: each process trains whole runs, each exactly as one process would, taking the
+  next run of the comparison's list whenever it is free (:meth:`Processes.next_index`); rank 0
+  draws the figures at the end.
 
 Objects (decisions, checkpoints, results) travel over a gloo group (:meth:`Processes.broadcast`):
 the default group on CPUs, a second group beside NCCL on GPUs.
@@ -109,6 +112,13 @@ class Processes:
         if kind == "error":
             raise value
         return value
+
+    def next_index(self, key: str) -> int:
+        """A counter shared by every process of the launch: each call, on any process, returns
+        the next of 0, 1, 2, ... for ``key`` (the rendezvous store's atomic add). Processes
+        that take work this way each take the next item when they are free."""
+        store = dist.distributed_c10d._get_default_store()
+        return int(store.add(f"course_lib/{key}", 1)) - 1
 
     def check_same(self, what: str, value: object) -> None:
         """Raise on every rank unless every rank holds the same ``value`` (a short summary of
@@ -211,10 +221,11 @@ def stop(processes: Processes | None) -> None:
     dist.destroy_process_group()
 
 
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Seed of the global RNG (dropout) of ``rank`` at training ``step`` in data-parallel mode:
-    a function of the three alone, so the random draws do not depend on where a run resumed."""
-    return ((seed * 1_000_003 + step) * 65_537 + rank) % (2**63)
+def step_seed(seed: int, step: int) -> int:
+    """Seed of the dropout masks of training ``step`` of a run seeded ``seed``
+    (:class:`course_lib.train.GlobalBatchDropout`): a function of the two alone, so the masks
+    depend neither on where a run resumed nor on how many processes train it."""
+    return (seed * 1_000_003 + step) % (2**63)
 
 
 def tensor_fingerprint(tensor: torch.Tensor) -> str:

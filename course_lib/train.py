@@ -17,6 +17,7 @@ Evaluation (losses, extrapolation, probe scoring, memory) lives in :mod:`course_
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import time
@@ -43,7 +44,9 @@ __all__ = [
     "ProbeConfig",
     "TrainConfig",
     "TrainState",
+    "GlobalBatchDropout",
     "learning_rate_at",
+    "learning_rate_sum",
     "load_checkpoint",
     "make_optimizer",
     "probe_finetune",
@@ -149,6 +152,18 @@ def learning_rate_at(
     return peak * (min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * t)))
 
 
+def learning_rate_sum(config: TrainConfig) -> float:
+    """``sum_s learning_rate_at(s)`` over the run's steps: about the farthest AdamW can move one
+    parameter in the run (Adam's step is at most about the learning rate, whatever the size of
+    the gradient, and exactly it while the gradient keeps its sign)."""
+    return sum(
+        learning_rate_at(
+            s, config.steps, config.learning_rate, config.warmup_steps, config.min_lr_ratio
+        )
+        for s in range(config.steps)
+    )
+
+
 def make_optimizer(
     model: nn.Module, learning_rate: float, weight_decay: float
 ) -> torch.optim.AdamW:
@@ -194,7 +209,8 @@ class TrainState:
 
     ``train_curve`` / ``val_curve``: ``{"step": [...], "loss": [...]}`` (the train curve holds the
     mean loss of each ``log_every`` steps, labelled by the last of them); ``train_seconds``: time
-    spent in training steps (summed over resumed segments); ``finished``: whether all steps ran;
+    spent in training steps (summed over resumed segments), ``train_cpu_seconds`` the CPU time
+    of this process in them; ``finished``: whether all steps ran;
     ``processes``: how many processes trained each segment (1 without ``torchrun``).
     """
 
@@ -202,6 +218,7 @@ class TrainState:
     train_curve: dict = field(default_factory=lambda: {"step": [], "loss": []})
     val_curve: dict = field(default_factory=lambda: {"step": [], "loss": []})
     train_seconds: float = 0.0
+    train_cpu_seconds: float = 0.0
     segments: int = 0
     finished: bool = False
     pending_loss_sum: float = 0.0  # losses of steps not yet logged (log_every > 1)
@@ -309,10 +326,15 @@ def train_model(
     DDP averages the gradients over the ``N`` processes, so the gradient is that of the mean
     loss over the global batch (exactly, up to the order of float sums), also for ``mlm`` where
     the rows hold different numbers of masked tokens. The logged loss is that global mean.
-    Dropout draws come from ``torch.manual_seed(step_seed(seed, step, rank))``. Only rank 0
-    reads the checkpoint (and sends it to the others), validates and writes checkpoints; the
-    other ranks' ``val_curve`` stays empty. A checkpoint does not depend on the number of
-    processes that wrote it, so a run resumes with any number, one included.
+    Only rank 0 reads the checkpoint (and sends it to the others), validates and writes
+    checkpoints; the other ranks' ``val_curve`` stays empty. A checkpoint does not depend on the
+    number of processes that wrote it, so a run resumes with any number, one included.
+
+    Dropout (any ``nn.Dropout`` of the model with ``p > 0``) draws its masks for the whole global
+    batch from a generator seeded ``step_seed(seed, step)`` at every step, and each process keeps
+    its own rows (:class:`GlobalBatchDropout`): the same masks with one process or ``N``, and
+    after a resume. What differs between one process and ``N`` is only the order of float sums
+    (each process sums its shard's gradients, then the processes add theirs).
     """
     device = model_device(model)
     main = data_parallel is None or data_parallel.is_main
@@ -334,15 +356,16 @@ def train_model(
         state = TrainState(**saved["state"])
         if data_parallel is None:
             _restore_rng_states(saved["rng"], generator)
-        else:  # the global RNG is seeded at every step (step_seed)
+        else:
             generator.set_state(saved["rng"]["batch_generator"])
     else:
-        torch.manual_seed(config.seed)  # the global RNG drives dropout
+        torch.manual_seed(config.seed)
     if state.finished:
         return state
     state.segments += 1
     state.processes.append(1 if data_parallel is None else data_parallel.world_size)
     trained = model if data_parallel is None else data_parallel.wrap(model)
+    dropout = GlobalBatchDropout(model, data_parallel)
 
     def checkpoint() -> None:
         if checkpoint_path is not None and main:
@@ -365,9 +388,11 @@ def train_model(
     model.train()
     running = torch.tensor(state.pending_loss_sum, device=device)
     bar = _progress_bar(config.steps, state.step, desc, progress and main)
-    timer = time.perf_counter()
+    timer, cpu_timer = time.perf_counter(), time.process_time()
     try:
+        dropout.__enter__()
         while state.step < stop_at:
+            dropout.start_step(step_seed(config.seed, state.step), device)
             lr = learning_rate_at(
                 state.step,
                 config.steps,
@@ -386,7 +411,6 @@ def train_model(
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
             else:
-                torch.manual_seed(step_seed(config.seed, state.step, data_parallel.rank))
                 loss = _data_parallel_backward(
                     trained, data_parallel, input_ids, labels, optimizer, config.autocast_dtype
                 )
@@ -410,6 +434,7 @@ def train_model(
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 state.train_seconds += time.perf_counter() - timer
+                state.train_cpu_seconds += time.process_time() - cpu_timer
                 if evaluate_now and main:
                     state.val_curve["step"].append(state.step)
                     state.val_curve["loss"].append(validate())
@@ -417,10 +442,54 @@ def train_model(
                 if save_now:
                     state.pending_loss_sum = float(running)
                     checkpoint()
-                timer = time.perf_counter()
+                timer, cpu_timer = time.perf_counter(), time.process_time()
     finally:
+        dropout.__exit__(None, None, None)
         bar.close()
     return state
+
+
+class GlobalBatchDropout:
+    """Dropout whose masks do not depend on how many processes share a batch.
+
+    Inside ``with GlobalBatchDropout(model, processes):`` every ``nn.Dropout`` of ``model`` with
+    ``p > 0``, in training mode, draws ``u ~ U[0, 1)`` for the *global* batch (its input's shape
+    with ``N`` times the rows; ``N = processes.world_size``, 1 without ``processes``) from the
+    generator of :meth:`start_step`, keeps this process's rows (those of
+    :meth:`~course_lib.distributed.Processes.shard`) and returns ``x * (u >= p) / (1 - p)``. Every
+    process draws the same numbers in the same order, so row ``r`` of the global batch gets the
+    same mask whichever process holds it. In eval mode a dropout is the identity, as usual."""
+
+    def __init__(self, model: nn.Module, processes: Processes | None) -> None:
+        self.modules = [m for m in model.modules() if isinstance(m, nn.Dropout) and m.p > 0]
+        self.world_size = 1 if processes is None else processes.world_size
+        self.rank = 0 if processes is None else processes.rank
+        self.generator: torch.Generator | None = None
+
+    def __enter__(self) -> GlobalBatchDropout:
+        for module in self.modules:
+            module.forward = functools.partial(self._forward, module)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module in self.modules:
+            module.__dict__.pop("forward", None)
+
+    def start_step(self, seed: int, device: torch.device) -> None:
+        """Seed the masks of the next forward pass (call once per training step)."""
+        if self.modules:
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def _forward(self, module: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+        if not module.training:
+            return x
+        if self.generator is None:
+            raise RuntimeError("GlobalBatchDropout.start_step must be called before a forward")
+        rows = x.shape[0]
+        noise = torch.rand(
+            (rows * self.world_size, *x.shape[1:]), generator=self.generator, device=x.device
+        )[self.rank * rows : (self.rank + 1) * rows]
+        return x * (noise >= module.p).to(x.dtype) / (1.0 - module.p)
 
 
 def _read_checkpoint(path: Path | None, meta: dict) -> dict | None:

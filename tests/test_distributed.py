@@ -1,13 +1,15 @@
 """The comparison under ``torchrun``: 2 processes on the CPU with gloo (about a minute).
 
 What is checked: two processes training one run together (data parallel) end where one process
-ends, to float rounding, and write exactly one results file and one checkpoint; a run started
-by one process goes on with two on the curve of an uninterrupted run, with the masked objective,
-whose shards hold different numbers of targets; in ``runs`` mode each process makes whole runs,
-equal to one process's; a killed process makes the run fail within seconds with a report naming
-it (and its checkpoint then resumes in one process), and a stalled one makes it fail after
-``--dist-timeout`` with a message saying so, instead of hanging. Without ``torchrun`` no process
-group is created.
+ends, to float rounding, and write exactly one results file and one checkpoint; so do a masked
+run (whose shards hold different numbers of targets) and a run with dropout (whose masks are
+drawn for the whole batch, whatever the number of processes); the tolerances are tight enough to
+catch a planted bug (each process differentiating the mean loss of its own shard); a run started
+by one process goes on with two on the curve of an uninterrupted run; in ``runs`` mode each
+process takes whole runs, equal to one process's; a killed process makes the run fail within
+seconds with a report naming it (and its checkpoint then resumes in one process), and a stalled
+one makes it fail after ``--dist-timeout`` with a message saying so, instead of hanging. Without
+``torchrun`` no process group is created.
 
 Each launch is ``python -m torch.distributed.run`` in a subprocess of its own session, on a free
 port of 127.0.0.1, with a timeout after which the whole session is killed.
@@ -31,6 +33,7 @@ import torch.distributed as dist
 
 from course_lib.compare import PRESETS, main, run_one
 from course_lib.compare.results import hardware_label
+from course_lib.compare.runner import run_sweep_one
 from course_lib.distributed import Processes, step_seed
 from course_lib.train import load_checkpoint
 
@@ -70,19 +73,21 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _command(args: list[str]) -> list[str]:
+def _command(args: list[str], script: list[str] | None = None) -> list[str]:
+    target = script or ["-m", "course_lib.compare", "--no-progress"]
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "1", "--nproc_per_node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-        "-m", "course_lib.compare", "--no-progress", *args,
+        *target, *args,
     ]  # fmt: skip
 
 
-def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    """Run the comparison with 2 processes; kill the launch's whole session on timeout."""
+def _torchrun(args: list[str], script: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run the comparison (or ``script``) with 2 processes; kill the launch's whole session on
+    timeout."""
     with subprocess.Popen(
-        _command(args),
+        _command(args, script),
         cwd=REPO,
         env=_environment(),
         stdout=subprocess.PIPE,
@@ -176,6 +181,43 @@ def test_a_run_resumes_with_more_processes_than_wrote_its_checkpoint(tmp_path):
         torch.testing.assert_close(saved["model"][name], tensor, atol=1e-3, rtol=0)
 
 
+# -- masked LM, dropout, and a planted bug ----------------------------------------------------
+
+WORKER = [str(REPO / "tests" / "distributed_worker.py")]
+PLANTED_STEPS = 20
+
+
+def _two_process_curve(tmp_path, name: str, *args: str) -> list[float]:
+    out = tmp_path / name
+    _check(_torchrun(["--out", str(out), "--steps", str(PLANTED_STEPS), *args], WORKER))
+    (checkpoint,) = (out / "checkpoints").glob("*.pt")
+    return load_checkpoint(checkpoint)["state"]["train_curve"]["loss"]
+
+
+def _one_process_curve(tmp_path, arm: str, objective: str, dropout: float = 0.0) -> list[float]:
+    preset = replace(TINY, probes=(), dropout=dropout)
+    out = tmp_path / f"one-{arm}-{objective}-{dropout}"
+    run_one(arm, objective, preset, out_dir=out, progress=False, stop_after_steps=PLANTED_STEPS)
+    checkpoint = out / "checkpoints" / f"{objective}_{arm}_s0.pt"
+    return load_checkpoint(checkpoint)["state"]["train_curve"]["loss"]
+
+
+def test_masked_and_dropout_runs_match_one_process_and_a_planted_bug_does_not(tmp_path):
+    mlm = ["--arm", "rope", "--objective", "mlm"]
+    one = _one_process_curve(tmp_path, "rope", "mlm")
+    two = _two_process_curve(tmp_path, "mlm", *mlm)
+    assert _max_difference(one, two) < EARLY_TOLERANCE
+    planted = _two_process_curve(tmp_path, "planted", *mlm, "--plant", "per-shard-mean")
+    assert _max_difference(one, planted) > 10 * EARLY_TOLERANCE  # the tolerance catches it
+    # dropout: the masks of row r are the same whichever process holds it
+    dropout = ["--arm", "rope", "--objective", "clm", "--dropout", "0.1"]
+    one = _one_process_curve(tmp_path, "rope", "clm", dropout=0.1)
+    without = _one_process_curve(tmp_path, "rope", "clm")
+    assert _max_difference(one, without) > 1e-3  # the dropout is really on
+    two = _two_process_curve(tmp_path, "dropout", *dropout)
+    assert _max_difference(one, two) < EARLY_TOLERANCE
+
+
 # -- whole runs per process -------------------------------------------------------------------
 
 
@@ -191,6 +233,7 @@ def test_runs_mode_gives_each_process_whole_runs_equal_to_one_process(reference,
     for name in names:
         state = load_checkpoint(tmp_path / "checkpoints" / name)["state"]
         assert (state["step"], state["processes"]) == (30, [1])  # one process each
+    assert json.loads((tmp_path / "sessions.json").read_text())[0]["parallel_mode"] == "runs"
     # A run of its own on one thread: exactly the numbers of one process.
     curve = load_checkpoint(tmp_path / "checkpoints" / "clm_none_s0.pt")["state"]["train_curve"]
     assert curve["loss"] == reference["curves"]["train"]["loss"][:30]
@@ -251,16 +294,19 @@ def _wait(launch: subprocess.Popen, seconds: float) -> int:
         pytest.fail(f"the launch was still running {seconds} s after a process was stopped")
 
 
-# The cpu preset's mlm run (600 steps) is still training when its first checkpoint appears.
+# The cpu preset's first sweep run of mlm `none` (1000 steps) is still training when its first
+# checkpoint appears.
 LONG_RUN = ["--preset", "cpu", "--encodings", "none", "--ablations", "none", "--seeds", "0"]
 LONG_RUN += ["--objectives", "mlm", "--no-figures"]
+FIRST_RATE = min(PRESETS["cpu"].learning_rates)
+LONG_CHECKPOINT = Path("checkpoints") / "sweep" / f"mlm_none_lr{FIRST_RATE:g}.pt"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers in /proc")
 def test_a_killed_process_fails_the_run_with_a_report_instead_of_hanging(tmp_path):
     log = tmp_path / "log.txt"
     launch, workers = _launch_and_wait_for_training(
-        [*LONG_RUN, "--out", str(tmp_path)], log, tmp_path / "checkpoints" / "mlm_none_s0.pt"
+        [*LONG_RUN, "--out", str(tmp_path)], log, tmp_path / LONG_CHECKPOINT
     )
     os.kill(workers[1], signal.SIGKILL)
     killed = time.monotonic()
@@ -270,13 +316,16 @@ def test_a_killed_process_fails_the_run_with_a_report_instead_of_hanging(tmp_pat
     text = log.read_text()
     # torchrun's report names the process that failed first, and how.
     assert "Root Cause" in text and "rank      : 1" in text and "SIGKILL" in text, text[-3000:]
-    assert not list(tmp_path.glob("*.json"))
+    assert not list(tmp_path.rglob("mlm_*.json"))
     # The checkpoint the 2 processes left resumes in one process (the command run again).
-    step = load_checkpoint(tmp_path / "checkpoints" / "mlm_none_s0.pt")["state"]["step"]
+    step = load_checkpoint(tmp_path / LONG_CHECKPOINT)["state"]["step"]
     assert step >= 50
     cpu = PRESETS["cpu"]
-    run_one("none", "mlm", cpu, out_dir=tmp_path, progress=False, stop_after_steps=step + 2)
-    state = load_checkpoint(tmp_path / "checkpoints" / "mlm_none_s0.pt")["state"]
+    run_sweep_one(
+        "none", "mlm", FIRST_RATE, cpu, out_dir=tmp_path, progress=False,
+        stop_after_steps=step + 2,
+    )  # fmt: skip
+    state = load_checkpoint(tmp_path / LONG_CHECKPOINT)["state"]
     assert (state["step"], state["processes"]) == (step + 2, [2, 1])
 
 
@@ -287,7 +336,7 @@ def test_a_stalled_process_fails_the_run_after_the_timeout(tmp_path):
     launch, workers = _launch_and_wait_for_training(
         [*LONG_RUN, "--out", str(tmp_path), "--dist-timeout", str(timeout)],
         log,
-        tmp_path / "checkpoints" / "mlm_none_s0.pt",
+        tmp_path / LONG_CHECKPOINT,
     )
     os.kill(workers[1], signal.SIGSTOP)  # alive, so torchrun sees nothing wrong, but silent
     stalled = time.monotonic()
@@ -328,8 +377,8 @@ def test_a_global_batch_is_split_in_equal_consecutive_shards():
     assert torch.equal(torch.cat(shards), batch) and all(len(s) == 4 for s in shards)
     with pytest.raises(ValueError, match="divides 16"):
         Processes(0, 3, 0, "data", "gloo", torch.device("cpu"), 60.0).shard(batch)
-    seeds = {step_seed(0, step, rank) for step in range(100) for rank in range(8)}
-    assert len(seeds) == 800  # every (step, rank) draws its own dropout masks
+    seeds = {step_seed(seed, step) for step in range(100) for seed in range(8)}
+    assert len(seeds) == 800  # every (seed, step) draws its own dropout masks
 
 
 def test_results_say_how_many_processes_made_them():

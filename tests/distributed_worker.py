@@ -1,0 +1,65 @@
+"""One data-parallel run of the tiny preset under ``torchrun``, for ``tests/test_distributed.py``.
+
+    torchrun --nproc_per_node 2 tests/distributed_worker.py --arm rope --objective mlm \
+        --out DIR --steps 20 [--dropout 0.1] [--plant per-shard-mean]
+
+It does what ``python -m course_lib.compare --preset tiny`` does for one run, with what the
+command line does not offer: a dropout rate, and a **planted bug** for the test that shows its
+tolerances catch one: ``--plant per-shard-mean`` makes every process differentiate the mean
+loss of its own shard (the classic mistake: with masked LM the shards hold different numbers of
+targets, so the mean of the shard means is not the mean over the batch). The bug is planted
+here, in the test's own process, by replacing ``course_lib.train._data_parallel_backward``;
+nothing in the library can switch it on.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import torch.nn.functional as F
+
+import course_lib.train as train
+from course_lib.compare import PRESETS, run_one
+from course_lib.data import IGNORE_INDEX
+from course_lib.distributed import start, stop
+from course_lib.evaluate import autocast
+
+
+def _per_shard_mean_backward(trained, processes, input_ids, labels, optimizer, autocast_dtype):
+    """The planted bug: each process's loss is the mean over its own shard's targets."""
+    device = processes.device
+    input_ids = processes.shard(input_ids).to(device)
+    labels = processes.shard(labels).to(device)
+    with autocast(device, autocast_dtype):
+        logits = trained(input_ids).logits
+    loss = F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # DDP averages: the gradient of the mean of the shard means
+    return processes.sum_(loss.detach().clone()) / processes.world_size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--arm", required=True)
+    parser.add_argument("--objective", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--plant", choices=["none", "per-shard-mean"], default="none")
+    args = parser.parse_args()
+    if args.plant == "per-shard-mean":
+        train._data_parallel_backward = _per_shard_mean_backward
+    preset = replace(PRESETS["tiny"], probes=(), dropout=args.dropout)
+    processes = start("cpu", "data", 120.0)
+    run_one(
+        args.arm, args.objective, preset, out_dir=args.out, progress=False,
+        stop_after_steps=args.steps, processes=processes,
+    )  # fmt: skip
+    stop(processes)
+
+
+if __name__ == "__main__":
+    main()
