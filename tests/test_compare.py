@@ -1,13 +1,16 @@
-"""The training loop and the encoding comparison, on the tiny preset (CPU, about two minutes).
+"""The training loop and the encoding comparison, on the tiny preset (CPU, a few minutes).
 
 What is checked: every registered encoding learns (ends well below the unigram baseline); the
-word-order probe separates the no-position model from positional ones; an interrupted run resumes
-to the result of an uninterrupted one; finished runs are reused, mismatched ones refused; seeds
-give different runs, each in its own file; ablations build the model they say; the command line
-takes names separated by spaces or commas and refuses unknown ones; the committed results have
-at least three seeds of every arm and draw; the statistics call a difference only when every
-seed agrees; the pieces (learning-rate schedule, probe inputs, extrapolation and position
-buckets on the same text) do what they say.
+word-order probe separates the no-position model from positional ones, with candidates in a
+random order and ties counted wrong; an interrupted run resumes to the result of an
+uninterrupted one; finished runs are reused, mismatched ones refused; the learning-rate sweep
+picks the rate of the lowest selection loss and every arm of an encoding trains at it; seeds
+give different runs; ablations build the model they say; RSE's learned penalty and stick bias
+can reach the range the report promises under the real optimiser and schedule; the evaluation
+scores the same targets every way it reads them; the command line takes names separated by
+spaces or commas, refuses unknown ones, logs its sittings and times the arms; the committed
+results have at least five seeds of every arm, a complete sweep, and regenerate README's
+headline and ``summary.md``.
 """
 
 from __future__ import annotations
@@ -26,25 +29,38 @@ from course_lib import compare
 from course_lib.compare import PRESETS, load_results, main, run_comparison, run_one
 from course_lib.compare import runner as compare_runner
 from course_lib.compare.arms import ABLATIONS, arm_names, get_arm
+from course_lib.compare.claims import QUESTIONS, report_claims
 from course_lib.compare.figures import plot_position_buckets, write_figures
-from course_lib.compare.results import REPO_ROOT, headline_markdown
-from course_lib.compare.stats import Paired, Spread, paired
-from course_lib.data import IGNORE_INDEX, MASK_ID, retrieval_probe, word_order_probe
+from course_lib.compare.results import REPO_ROOT, headline_markdown, summary_markdown
+from course_lib.data import (
+    IGNORE_INDEX,
+    MASK_ID,
+    comparison_splits,
+    retrieval_probe,
+    segment_windows,
+    word_order_probe,
+)
 from course_lib.encodings import REGISTRY
+from course_lib.encodings.rse import RSEAttention
 from course_lib.evaluate import (
-    extrapolation_losses,
-    position_bucket_losses,
+    heldout_loss,
     probe_correct,
     probe_inputs,
-    spread_windows,
+    shift_and_context_losses,
 )
 from course_lib.model import MiniBert
 from course_lib.registry import sequence_encodings
 from course_lib.teaching.comparison_reading import Reading
 from course_lib.teaching.stick_reach import load_model, noun_reach
-from course_lib.train import learning_rate_at, load_checkpoint
+from course_lib.train import (
+    learning_rate_at,
+    learning_rate_sum,
+    load_checkpoint,
+    make_optimizer,
+)
 
 TINY = PRESETS["tiny"]
+COMMITTED = REPO_ROOT / "figures" / "compare_cpu"
 # Language-model learning only (no probes): every registered encoding, causal objective.
 LEARNING = replace(TINY, probes=())
 # The word-order probe only, on the masked objective (where no position means exact chance).
@@ -55,7 +71,15 @@ WORD_ORDER = replace(
     TINY,
     probes=(replace(_WORD_ORDER_SPEC, finetune=replace(_WORD_ORDER_SPEC.finetune, steps=600)),),
 )
-POSITIONAL_FOR_WORD_ORDER = ("rope", "learned")
+POSITIONAL_FOR_WORD_ORDER = ("rope", "exposb")
+# A sweep of two rates, short runs.
+SWEEP = replace(
+    LEARNING,
+    train=replace(TINY.train, steps=30, warmup_steps=3, eval_every=30, checkpoint_every=30),
+    learning_rates=(1e-3, 3e-3),
+    long_windows=2,
+    eval_windows=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +103,11 @@ def word_order_runs(tmp_path_factory):
     return {r["arm"]: r for r in results}
 
 
+@pytest.fixture(scope="module")
+def committed():
+    return load_results(COMMITTED)
+
+
 # -- learning --------------------------------------------------------------------------------
 
 
@@ -94,13 +123,14 @@ def test_every_encoding_learns_well_below_unigram(clm_runs):
         assert math.isclose(
             result["metrics"]["final_val_bits_per_byte"], final / math.log(2), rel_tol=1e-12
         )
+        assert result["learning_rate"] == TINY.train.learning_rate  # no sweep in this preset
 
 
-def test_results_record_costs_and_hardware(clm_runs):
+def test_results_record_costs_hardware_and_the_text(clm_runs):
     _, runs = clm_runs
     for encoding, result in runs.items():
         metrics = result["metrics"]
-        assert metrics["tokens_per_second"] > 0
+        assert metrics["tokens_per_second_during_run"] > 0 and metrics["train_cpu_seconds"] > 0
         assert metrics["peak_memory"]["kind"] == "cpu_process_peak_rss"
         assert result["hardware"]["kind"] == "CPU" and result["hardware"]["cpu"]
         params = metrics["parameters"]
@@ -110,29 +140,40 @@ def test_results_record_costs_and_hardware(clm_runs):
             assert params["position_embeddings"] == expected_table
         elif not REGISTRY[encoding].learnable:
             assert params["position_embeddings"] == 0, encoding
+        data = result["data"]
+        assert data["test"]["kept_bytes"] < data["test"]["held_out_bytes"]
+        assert data["test_windows"] == TINY.eval_windows
 
 
-def test_learned_table_is_not_applicable_past_its_rows(clm_runs):
+def test_positions_past_the_learned_table_are_not_applicable(clm_runs):
     _, runs = clm_runs
     for encoding, result in runs.items():
-        statuses = {e["multiple"]: e["status"] for e in result["extrapolation"]}
+        evaluation = result["evaluation"]
+        statuses = {k: e["status"] for k, e in evaluation.items()}
         if encoding == "learned":
-            assert statuses == {1: "ok", 2: "not_applicable", 4: "not_applicable"}
-            assert "rows" in result["extrapolation"][1]["reason"]
+            assert {k for k, s in statuses.items() if s == "ok"} == {
+                "val",
+                *(f"near@{m}L" for m in TINY.offset_multiples),
+            }
+            assert "rows" in evaluation["shift@7L"]["reason"]
         else:
             assert set(statuses.values()) == {"ok"}, encoding
-            tokens = {e["tokens"] for e in result["extrapolation"]}
-            assert len(tokens) == 1, f"{encoding}: lengths scored different text: {tokens}"
+        # the three readings of a block score the same targets
+        for m in TINY.offset_multiples:
+            tokens = {evaluation[f"{k}@{m}L"].get("tokens") for k in ("near", "shift", "long")}
+            assert len(tokens - {None}) == 1, (encoding, m, tokens)
 
 
 def test_figures_and_summary_are_written(clm_runs):
     out_dir, _ = clm_runs
-    for name in ("loss_curves.png", "position_buckets.png", "cost_table.png"):
+    for name in ("loss_curves.png", "position_buckets.png", "position_and_context.png",
+                 "cost_table.png"):  # fmt: skip
         assert (out_dir / name).stat().st_size > 1000, name
     summary = (out_dir / "summary.md").read_text()
     for encoding in sequence_encodings():
         assert f"| {encoding} | 0 |" in summary
     assert "CPU" in summary and "## Causal LM" in summary and "## Masked LM" not in summary
+    assert "## Every claim" in summary
 
 
 # -- probes ----------------------------------------------------------------------------------
@@ -144,6 +185,7 @@ def test_no_position_model_is_worse_on_word_order(word_order_runs):
     # of them is answered right: accuracy 1/2 and no pair fully right.
     assert none["accuracy"] == 0.5
     assert none["pairs_both_right"] == 0.0
+    assert none["unit_count"] == [2] * len(none["unit_correct"])  # pairs, one fine-tune
     for encoding in POSITIONAL_FOR_WORD_ORDER:
         accuracy = word_order_runs[encoding]["probes"]["word_order"]["accuracy"]
         assert accuracy > none["accuracy"] + 0.1, f"{encoding}: {accuracy:.3f}"
@@ -155,6 +197,21 @@ def test_untrained_no_position_mlm_splits_every_pair():
     probe = word_order_probe(40, seed=3)
     correct = probe_correct(model, probe)
     assert correct.view(-1, 2).sum(dim=1).tolist() == [1] * 20
+
+
+def test_candidates_come_in_a_random_order_and_a_tie_is_wrong():
+    for spec in PRESETS["cpu"].probes:
+        probe = spec.make("eval")
+        where = (probe.candidate_ids == probe.answer_id[:, None]).float().argmax(1)
+        share_first = float((where == 0).float().mean())
+        assert 0.3 < share_first < 0.7 if spec.task == "word_order" else share_first < 0.2
+    # a model that cannot tell the candidates apart (equal logits) is never right
+    model = MiniBert(TINY.model_config("none", "clm"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    probe = PRESETS["cpu"].probes[0].make("eval")
+    assert not bool(probe_correct(model, probe).any())
 
 
 def test_probe_inputs_label_only_the_answer():
@@ -175,14 +232,14 @@ def test_probe_inputs_label_only_the_answer():
         probe_inputs(probe, "seq2seq")
 
 
-def test_held_out_probe_examples_are_unseen_and_counted_once():
+def test_held_out_probe_examples_are_unseen_whole_pairs_counted_once():
     for spec in (*TINY.probes, *PRESETS["cpu"].probes):
         seen = set(spec.make("train").texts)
         held_out = spec.make("eval")
         assert len(held_out) > 0 and not seen.intersection(held_out.texts)
         assert len(set(held_out.texts)) == len(held_out)
     word_order = PRESETS["cpu"].probes[0].make("eval")
-    assert len(word_order) >= 600  # a standard error of at most 0.02 per run
+    assert len(word_order) >= 600  # about 300 pairs: a standard error of at most 0.03 per run
     texts = word_order.texts
     assert all(
         texts[i].split()[1] == texts[i + 1].split()[4].rstrip(".") for i in range(0, len(texts), 2)
@@ -195,7 +252,7 @@ def test_bag_of_symbols_baseline_is_between_chance_and_one():
     assert 1 / 26 < baseline < 0.5
 
 
-# -- resume ----------------------------------------------------------------------------------
+# -- resume and reuse ------------------------------------------------------------------------
 
 
 def test_interrupted_run_resumes_to_the_same_result(clm_runs, tmp_path, monkeypatch):
@@ -225,8 +282,8 @@ def test_interrupted_run_resumes_to_the_same_result(clm_runs, tmp_path, monkeypa
         assert resumed["curves"][kind]["loss"] == pytest.approx(
             reference["curves"][kind]["loss"], abs=1e-6
         )
-    for ours, theirs in zip(resumed["extrapolation"], reference["extrapolation"], strict=True):
-        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+    for name, entry in reference["evaluation"].items():
+        assert resumed["evaluation"][name]["loss"] == pytest.approx(entry["loss"], abs=1e-6)
     ours = load_checkpoint(checkpoint)["model"]
     theirs = load_checkpoint(reference_dir / "checkpoints" / "clm_rse_s0.pt")["model"]
     for name, tensor in theirs.items():
@@ -242,9 +299,8 @@ def test_finished_runs_are_reused_and_mismatches_refused(clm_runs, monkeypatch):
     monkeypatch.setattr(compare_runner, "train_model", must_not_train)
     again = run_one("rope", "clm", LEARNING, out_dir=out_dir, progress=False)
     assert again == json.loads((out_dir / "clm_rope_s0.json").read_text())
-    other = replace(LEARNING, train=replace(LEARNING.train, learning_rate=1e-4))
     with pytest.raises(ValueError, match="force"):
-        run_one("rope", "clm", other, out_dir=out_dir, progress=False)
+        run_one("rope", "clm", LEARNING, learning_rate=1e-4, out_dir=out_dir, progress=False)
 
 
 def test_a_partial_rerun_draws_every_saved_run_of_its_preset(clm_runs, monkeypatch):
@@ -262,7 +318,192 @@ def test_a_partial_rerun_draws_every_saved_run_of_its_preset(clm_runs, monkeypat
     assert compare_runner.preset_results(out_dir, other) == []
 
 
-def test_command_line_stops_and_keeps_a_checkpoint(tmp_path, capsys):
+# -- the learning-rate sweep -----------------------------------------------------------------
+
+
+def test_the_sweep_picks_the_lowest_selection_loss_and_arms_inherit_it(tmp_path):
+    results = run_comparison(
+        SWEEP, encodings=["rope"], ablations=["rope.dynamic"], objectives=["clm"], seeds=[0],
+        out_dir=tmp_path, progress=False, figures=False,
+    )  # fmt: skip
+    sweeps = compare_runner.sweep_results(tmp_path, SWEEP)
+    assert sorted((s["learning_rate"], s["seed"]) for s in sweeps) == [(1e-3, 1000), (3e-3, 1000)]
+    best = min(sweeps, key=lambda s: s["select"]["loss"])["learning_rate"]
+    assert compare_runner.chosen_learning_rates(tmp_path, SWEEP) == {("clm", "rope"): best}
+    assert [(r["arm"], r["learning_rate"]) for r in results] == [
+        ("rope", best), ("rope.dynamic", best)
+    ]  # fmt: skip
+    assert results[0]["identity"]["train_config"]["learning_rate"] == best
+    # the sweep's text is the selection split, the report's the test split: they share no window
+    splits = comparison_splits()
+    select = {tuple(w) for w in segment_windows(splits.select, 41, None).tolist()}
+    test = {tuple(w) for w in segment_windows(splits.test, 41, None).tolist()}
+    assert not select & test
+    # a sweep run of another configuration does not count: the runs then are not the preset's
+    path = tmp_path / "sweep" / f"clm_rope_lr{best:g}.json"
+    saved = json.loads(path.read_text())
+    saved["identity"]["train_config"]["steps"] += 1
+    path.write_text(json.dumps(saved))
+    with pytest.raises(FileNotFoundError, match="sweep is incomplete"):
+        compare_runner.chosen_learning_rates(tmp_path, SWEEP)
+    assert compare_runner.preset_results(tmp_path, SWEEP) == []
+    with pytest.raises(ValueError, match="sweep's seed"):
+        replace(SWEEP, seeds=(1000,))
+
+
+# -- seeds, ablations, RSE's parameters ------------------------------------------------------
+
+
+def test_seeds_are_separate_runs_and_ablations_build_their_model(tmp_path):
+    results = run_comparison(
+        LEARNING, encodings=["none"], ablations=["rse.no_penalty"], seeds=[0, 1],
+        objectives=["clm"], out_dir=tmp_path, progress=False, figures=False,
+    )  # fmt: skip
+    assert [(r["arm"], r["seed"]) for r in results] == [
+        ("none", 0), ("rse.no_penalty", 0), ("none", 1), ("rse.no_penalty", 1)
+    ]  # fmt: skip
+    by = {(r["arm"], r["seed"]): r for r in results}
+    assert by["none", 0]["curves"]["train"]["loss"] != by["none", 1]["curves"]["train"]["loss"]
+    assert by["none", 1]["identity"]["train_config"]["seed"] == 1
+    ablation = by["rse.no_penalty", 0]
+    assert ablation["encoding"] == "rse"
+    assert ablation["learned_values"]["layer0"]["distance_penalty"] == [0.0] * TINY.num_heads
+    assert ablation["reachable_values"] == {}  # a fixed penalty reaches nothing
+
+
+def test_every_ablation_changes_its_encoding_as_it_says():
+    torch.manual_seed(0)
+    models = {a.name: MiniBert(TINY.model_config(a.name, "mlm")) for a in ABLATIONS}
+    assert set(arm_names()) == {*sequence_encodings(), *models}
+    attention = {name: model.layers[0].attention for name, model in models.items()}
+    for name, value in (
+        ("rse.no_penalty", 0.0),
+        ("rse.lambda_0.03", 0.03),
+        ("rse.lambda_0.3", 0.3),
+    ):
+        assert attention[name].distance_penalty.tolist() == pytest.approx([value] * TINY.num_heads)
+        assert not any("distance_penalty" in n for n, _ in attention[name].named_parameters())
+    assert attention["rse.softmax"].normaliser == "softmax"
+    assert attention["rse.stick_bias"].stick_bias.tolist() == pytest.approx([-3.0] * TINY.num_heads)
+    table = attention["learned.unit_init"].position_embeddings.weight
+    assert 0.9 < float(table.detach().std()) < 1.1
+    default_table = MiniBert(TINY.model_config("learned", "mlm")).layers[0].attention
+    assert float(default_table.position_embeddings.weight.detach().std()) < 0.03
+    # dynamic NTK is plain RoPE up to the training length, and differs past it
+    rope = MiniBert(TINY.model_config("rope", "clm"))
+    dynamic = MiniBert(TINY.model_config("rope.dynamic", "clm"))
+    dynamic.load_state_dict(rope.state_dict())
+    short = torch.randint(0, 256, (2, TINY.train.seq_len))
+    long = torch.randint(0, 256, (2, 3 * TINY.train.seq_len))
+    torch.testing.assert_close(dynamic(short).logits, rope(short).logits)
+    assert not torch.allclose(dynamic(long).logits, rope(long).logits)
+    for ablation in ABLATIONS:
+        assert ablation.metrics and all(m in compare.stats.METRICS for m in ablation.metrics)
+    with pytest.raises(ValueError, match="valid"):
+        get_arm("rse.no_such_thing")
+
+
+@pytest.mark.parametrize("direction", [1.0, -1.0])
+def test_rse_lambda_and_stick_bias_can_reach_the_promised_range(direction):
+    """With the optimiser and the schedule the comparison trains with, its shortest budget
+    (the cpu preset's causal runs) and its smallest learning rate, a gradient that keeps its
+    sign takes lambda from 0.01 past 1 (or below 1e-3) and the stick bias 3 away from -3."""
+    cpu = PRESETS["cpu"]
+    config = cpu.train_config("clm", 0, min(cpu.learning_rates))
+    module = RSEAttention(cpu.hidden_size, cpu.num_heads, stick_bias_init=-3.0)
+    optimizer = make_optimizer(module, config.learning_rate, config.weight_decay)
+    for step in range(config.steps):
+        lr = learning_rate_at(
+            step, config.steps, config.learning_rate, config.warmup_steps, config.min_lr_ratio
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = -direction * (module.distance_penalty.log().sum() + module.stick_bias.sum())
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), config.grad_clip)
+        optimizer.step()
+    lam, beta = module.distance_penalty.detach(), module.stick_bias.detach()
+    if direction > 0:
+        assert (lam > 1.0).all() and (beta > 0.0).all()
+    else:
+        assert (lam < 1e-3).all() and (beta < -6.0).all()
+    low, high = module.reachable_values(learning_rate_sum(config))["distance_penalty"]
+    assert low < 1e-3 and high > 1.0
+    # the old parametrisation (gain 1) kept lambda within a factor of about 1.6 of its start
+    old = RSEAttention(cpu.hidden_size, cpu.num_heads, parameter_gain=1.0)
+    low, high = old.reachable_values(learning_rate_sum(cpu.train_config("clm")))["distance_penalty"]
+    assert 0.005 < low and high < 0.02
+
+
+# -- evaluation pieces -----------------------------------------------------------------------
+
+
+def test_heldout_loss_adds_mask_draws_per_window():
+    torch.manual_seed(0)
+    windows = torch.randint(0, 256, (6, 17))
+    model = MiniBert(TINY.model_config("rope", "mlm"))
+    one = heldout_loss(model, windows, mask_draws=1)
+    three = heldout_loss(model, windows, mask_draws=3)
+    assert len(three["unit_sums"]) == 6 and three["tokens"] > 2 * one["tokens"]
+    assert three["loss"] == pytest.approx(sum(three["unit_sums"]) / three["tokens"], rel=1e-5)
+    clm = heldout_loss(MiniBert(TINY.model_config("rope", "clm")), windows)
+    assert clm["tokens"] == 6 * 16 and clm["unit_counts"] == [16] * 6
+
+
+def test_shift_and_context_read_the_same_targets_three_ways():
+    torch.manual_seed(0)
+    windows = torch.randint(0, 256, (3, 8 * 16 + 1))
+    for objective in ("clm", "mlm"):
+        rope = MiniBert(TINY.model_config("rope", objective))
+        out = shift_and_context_losses(rope, windows, 16, (16, 112))
+        for o in ("1L", "7L"):
+            counts = {out[f"{k}@{o}"]["tokens"] for k in ("near", "shift", "long")}
+            assert len(counts) == 1
+            # RoPE is relative: moving a block changes nothing but rounding
+            assert out[f"shift@{o}"]["loss"] == pytest.approx(out[f"near@{o}"]["loss"], abs=2e-5)
+        # absolute positions are not: even an untrained model (tables added with small
+        # weights) reads the moved block differently
+        absolute = MiniBert(TINY.model_config("absolute", objective))
+        moved = shift_and_context_losses(absolute, windows, 16, (112,))
+        assert abs(moved["shift@7L"]["loss"] - moved["near@7L"]["loss"]) > 2e-4
+    # causal: the long window's first bucket is the training condition, read directly
+    clm = MiniBert(TINY.model_config("rope", "clm"))
+    out = shift_and_context_losses(clm, windows, 16, (16,))
+    with torch.no_grad():
+        logits = clm(windows[:, :16]).logits
+    direct = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:17].flatten())
+    assert out["bucket0"]["loss"] == pytest.approx(float(direct), rel=1e-5)
+    with pytest.raises(ValueError, match="offsets"):
+        shift_and_context_losses(clm, windows, 16, (120,))
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor():
+    steps, peak, warmup, floor = 100, 1e-3, 10, 0.1
+    lrs = [learning_rate_at(s, steps, peak, warmup, floor) for s in range(steps)]
+    assert lrs[0] == pytest.approx(peak / warmup)
+    assert lrs[warmup - 1] == pytest.approx(peak) and lrs[warmup] == pytest.approx(peak)
+    assert all(a <= b for a, b in zip(lrs[:warmup], lrs[1 : warmup + 1], strict=True))
+    assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :], strict=False))
+    assert lrs[-1] == pytest.approx(peak * floor)
+
+
+def test_bad_presets_are_refused():
+    with pytest.raises(ValueError, match="valid"):
+        compare.choose_preset("huge")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            compare.choose_preset("gpu")
+    with pytest.raises(ValueError, match="training length"):
+        replace(TINY, train=replace(TINY.train, seq_len=16))
+    with pytest.raises(ValueError, match="offset_multiples"):
+        replace(TINY, offset_multiples=(8,))
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_command_line_stops_keeps_a_checkpoint_and_logs_the_sitting(tmp_path, capsys):
     # Names separated by spaces, by commas, or both; a repeated name runs once.
     args = ["--preset", "tiny", "--encodings", "none", "rope,learned", "none"]
     args += ["--objectives", "clm", "--out", str(tmp_path)]
@@ -271,7 +512,9 @@ def test_command_line_stops_and_keeps_a_checkpoint(tmp_path, capsys):
     checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
     assert checkpoints == ["clm_learned_s0.pt", "clm_none_s0.pt", "clm_rope_s0.pt"]
     assert load_checkpoint(tmp_path / "checkpoints" / "clm_none_s0.pt")["state"]["step"] == 3
-    assert not list(tmp_path.glob("*.json"))
+    assert [p.name for p in tmp_path.glob("*.json")] == ["sessions.json"]  # no results yet
+    (sitting,) = json.loads((tmp_path / "sessions.json").read_text())
+    assert sitting["processes"] == 1 and sitting["outcome"] == "0 runs finished"
     assert (tmp_path / "checkpoints" / ".gitignore").read_text().strip().endswith("*")
     assert "0 finished run(s)" in capsys.readouterr().out
 
@@ -287,20 +530,44 @@ def test_command_line_refuses_unknown_encodings_and_lists_the_registered_ones(ca
         run_comparison(TINY, encodings=["sinusoidal"], progress=False)
 
 
-def test_committed_results_have_three_seeds_of_every_arm_and_draw(tmp_path):
-    results = load_results(REPO_ROOT / "figures" / "compare_cpu")
+def test_command_line_takes_seeds_and_ablations_and_times_arms(tmp_path, capsys):
+    args = ["--preset", "tiny", "--encodings", "none", "--ablations", "learned.unit_init"]
+    args += ["--seeds", "3", "--objectives", "clm", "--out", str(tmp_path)]
+    assert main([*args, "--no-progress", "--stop-after-steps", "2"]) == 0
+    checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
+    assert checkpoints == ["clm_learned.unit_init_s3.pt", "clm_none_s3.pt"]
+    for bad in (["--seeds", "-1"], ["--seeds", "x"], ["--ablations", "rse.nothing"]):
+        with pytest.raises(SystemExit):
+            main(["--preset", "tiny", *bad])
+        assert "valid" in capsys.readouterr().err or bad[0] == "--seeds"
+    assert main([*args, "--timing", "--no-progress"]) == 0
+    timing = json.loads((tmp_path / "timing.json").read_text())
+    assert [(r["objective"], r["arm"]) for r in timing["rows"]] == [
+        ("clm", "none"), ("clm", "learned.unit_init")
+    ]  # fmt: skip
+    assert all(r["tokens_per_second"] > 0 and len(r["load_average_1min"]) == 4
+               for r in timing["rows"])  # fmt: skip
+
+
+# -- the committed results -------------------------------------------------------------------
+
+
+def test_committed_results_have_five_seeds_of_every_arm_a_sweep_and_draw(committed, tmp_path):
     cpu = PRESETS["cpu"]
-    assert compare_runner.preset_results(REPO_ROOT / "figures" / "compare_cpu", cpu) == results
+    assert compare_runner.preset_results(COMMITTED, cpu) == committed
     seeds: dict[tuple[str, str], set[int]] = {}
-    for r in results:
+    for r in committed:
         seeds.setdefault((r["objective"], r["arm"]), set()).add(r["seed"])
     for objective in ("mlm", "clm"):
         for arm in cpu.arm_names():
             if objective == "mlm" and REGISTRY[get_arm(arm).encoding].causal_only:
                 assert (objective, arm) not in seeds
                 continue
-            assert len(seeds.get((objective, arm), ())) >= 3, (objective, arm)
-    figure = plot_position_buckets(results)
+            assert len(seeds.get((objective, arm), ())) >= 5, (objective, arm)
+    rates = compare_runner.chosen_learning_rates(COMMITTED, cpu)
+    for r in committed:
+        assert r["learning_rate"] == rates[r["objective"], r["encoding"]]
+    figure = plot_position_buckets(committed)
     drawn = {line.get_label(): line.get_color() for ax in figure.axes for line in ax.lines}
     drawn.update(
         (c.get_label(), c.lines[0].get_color()) for ax in figure.axes for c in ax.containers
@@ -308,175 +575,52 @@ def test_committed_results_have_three_seeds_of_every_arm_and_draw(tmp_path):
     for encoding in sequence_encodings():
         assert same_color(drawn[encoding], REGISTRY[encoding].color), encoding
     plt.close(figure)
-    paths = write_figures(results, tmp_path)
+    paths = write_figures(committed, tmp_path)
     assert sorted(p.name for p in paths) == sorted(
-        ["loss_curves.png", "position_buckets.png", "retrieval_by_position.png"]
-        + ["probe_accuracy.png", "ablations.png", "cost_table.png"]
+        ["loss_curves.png", "position_buckets.png", "position_and_context.png"]
+        + ["retrieval_by_position.png", "probe_accuracy.png", "ablations.png", "cost_table.png"]
     )
 
 
-def test_readme_headline_is_generated_from_the_committed_results():
-    results = load_results(REPO_ROOT / "figures" / "compare_cpu")
+def test_readme_headline_and_summary_are_generated_from_the_committed_results(committed):
     readme = (REPO_ROOT / "README.md").read_text()
     start, end = "<!-- comparison headline: start -->", "<!-- comparison headline: end -->"
     block = readme.split(start, 1)[1].split(end, 1)[0]
-    assert block.strip() == headline_markdown(results).strip(), (
+    assert block.strip() == headline_markdown(committed).strip(), (
         "README's headline differs from the results: regenerate it with "
         "python -m course_lib.compare --preset cpu --report"
     )
-    summary = (REPO_ROOT / "figures" / "compare_cpu" / "summary.md").read_text()
-    assert summary == compare.summary_markdown(results)
+    summary = (COMMITTED / "summary.md").read_text()
+    sweeps = compare_runner.sweep_results(COMMITTED, PRESETS["cpu"])
+    assert summary == summary_markdown(committed, sweeps=sweeps, folder=COMMITTED)
 
 
-def test_notebook_reading_refuses_a_claim_the_seeds_do_not_support():
-    read = Reading(load_results(REPO_ROOT / "figures" / "compare_cpu"))
-    read.expect("clm", "rse", "none", "val_loss", "lower")
-    with pytest.raises(AssertionError, match="results say 'lower'"):
-        read.expect("clm", "rse", "none", "val_loss", "within noise")
+def test_every_declared_question_is_tested_on_the_committed_results(committed):
+    tested = set(report_claims(committed))
+    # a claim leaves the family only when an arm did not leave the plateau
+    dropped = [q for q in QUESTIONS if q not in tested]
+    assert all(q.objective == "mlm" for q in dropped), dropped
+
+
+def test_notebook_reading_refuses_a_claim_the_seeds_do_not_support(committed):
+    read = Reading(committed)
+    verdict = read.verdicts[next(iter(read.verdicts))]
+    claim = verdict.claim
+    wrong = "within noise" if verdict.called else "lower"
+    with pytest.raises(AssertionError, match="the results say"):
+        read._check(claim, wrong, None)
+    with pytest.raises(KeyError, match="not in the family"):
+        read.expect("clm", "none", "learned.unit_init", "val_loss", "lower")
     with pytest.raises(AssertionError, match="does not hold"):
-        read.expect_value("clm", "rope", "retrieval below 1/2",
-                          lambda r: r["probes"]["retrieval"]["accuracy"], lambda v: v < 0.5)  # fmt: skip
-    assert read.checked == 1
+        read.expect_every_seed("clm", "rope", "retrieval below 0",
+                               lambda r: r["probes"]["retrieval"]["accuracy"], lambda v: v < 0)  # fmt: skip
+    assert read.checked == 0
 
 
 def test_the_masked_stick_leaves_no_gradient_on_the_subject_and_its_bias_restores_it():
     probe = PRESETS["cpu"].probes[0].make("eval")
-    models = REPO_ROOT / "figures" / "compare_cpu" / "models"
+    models = COMMITTED / "models"
     stuck = noun_reach(load_model(models / "mlm_rse_s0.pt"), probe)["gradient"]
     fixed = noun_reach(load_model(models / "mlm_rse.stick_bias_s0.pt"), probe)["gradient"]
     assert stuck["subject"] < 1e-4 * stuck["answer_neighbours"]
     assert fixed["subject"] > 1e-2 * fixed["answer_neighbours"]
-
-
-def test_seeds_are_separate_runs_and_ablations_build_their_model(tmp_path):
-    results = run_comparison(
-        LEARNING, encodings=["none"], ablations=["rse.no_penalty"], seeds=[0, 1],
-        objectives=["clm"], out_dir=tmp_path, progress=False, figures=False,
-    )  # fmt: skip
-    assert [(r["arm"], r["seed"]) for r in results] == [
-        ("none", 0), ("rse.no_penalty", 0), ("none", 1), ("rse.no_penalty", 1)
-    ]  # fmt: skip
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
-        "clm_none_s0.json", "clm_none_s1.json", "clm_rse.no_penalty_s0.json",
-        "clm_rse.no_penalty_s1.json",
-    ]  # fmt: skip
-    by = {(r["arm"], r["seed"]): r for r in results}
-    assert by["none", 0]["curves"]["train"]["loss"] != by["none", 1]["curves"]["train"]["loss"]
-    assert by["none", 1]["identity"]["train_config"]["seed"] == 1
-    ablation = by["rse.no_penalty", 0]
-    assert ablation["encoding"] == "rse"
-    assert ablation["learned_values"]["layer0"]["distance_penalty"] == [0.0] * TINY.num_heads
-
-
-def test_every_ablation_changes_its_encoding_as_it_says():
-    torch.manual_seed(0)
-    models = {a.name: MiniBert(TINY.model_config(a.name, "mlm")) for a in ABLATIONS}
-    assert set(arm_names()) == {*sequence_encodings(), *models}
-    attention = {name: model.layers[0].attention for name, model in models.items()}
-    assert attention["rse.no_penalty"].distance_penalty.tolist() == [0.0] * TINY.num_heads
-    assert not any(
-        "distance_penalty" in n for n, _ in attention["rse.no_penalty"].named_parameters()
-    )
-    assert attention["rse.softmax"].normaliser == "softmax"
-    assert attention["rse.stick_bias"].stick_bias.tolist() == [-3.0] * TINY.num_heads
-    table = attention["learned.unit_init"].position_embeddings.weight
-    assert 0.9 < float(table.detach().std()) < 1.1
-    default_table = MiniBert(TINY.model_config("learned", "mlm")).layers[0].attention
-    assert float(default_table.position_embeddings.weight.detach().std()) < 0.03
-    # dynamic NTK is plain RoPE up to the training length, and differs past it
-    rope = MiniBert(TINY.model_config("rope", "clm"))
-    dynamic = MiniBert(TINY.model_config("rope.dynamic", "clm"))
-    dynamic.load_state_dict(rope.state_dict())
-    short = torch.randint(0, 256, (2, TINY.train.seq_len))
-    long = torch.randint(0, 256, (2, 3 * TINY.train.seq_len))
-    torch.testing.assert_close(dynamic(short).logits, rope(short).logits)
-    assert not torch.allclose(dynamic(long).logits, rope(long).logits)
-    with pytest.raises(ValueError, match="valid"):
-        get_arm("rse.no_such_thing")
-
-
-def test_command_line_takes_seeds_and_ablations(tmp_path, capsys):
-    args = ["--preset", "tiny", "--encodings", "none", "--ablations", "learned.unit_init"]
-    args += ["--seeds", "3", "--objectives", "clm", "--out", str(tmp_path)]
-    args += ["--no-progress", "--stop-after-steps", "2"]
-    assert main(args) == 0
-    checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
-    assert checkpoints == ["clm_learned.unit_init_s3.pt", "clm_none_s3.pt"]
-    for bad in (["--seeds", "-1"], ["--seeds", "x"], ["--ablations", "rse.nothing"]):
-        with pytest.raises(SystemExit):
-            main(["--preset", "tiny", *bad])
-        assert "valid" in capsys.readouterr().err or bad[0] == "--seeds"
-
-
-def test_paired_differences_call_a_direction_only_when_every_seed_agrees():
-    def run(arm, seed, loss):
-        return {"objective": "clm", "arm": arm, "seed": seed,
-                "metrics": {"final_val_loss": loss}, "probes": {}}  # fmt: skip
-
-    agree = [run("a", 0, 1.0), run("a", 1, 2.0), run("b", 0, 1.5), run("b", 1, 2.1)]
-    result = paired(agree, "clm", "a", "b", "val_loss")
-    assert result.verdict == "lower" and result.differences == pytest.approx({0: -0.5, 1: -0.1})
-    mixed = [*agree[:3], run("b", 1, 1.9)]
-    assert paired(mixed, "clm", "a", "b", "val_loss").verdict == "within noise"
-    assert Paired({0: -1.0}).verdict == "within noise"  # one seed never makes a verdict
-    spread = Spread({0: 1.0, 1: 2.0, 2: 3.0})
-    assert (spread.mean, spread.sd, spread.low, spread.high) == (2.0, 1.0, 1.0, 3.0)
-    assert spread.text(2) == "2.00 ± 1.00"
-    assert paired(agree, "clm", "a", "missing", "val_loss") is None
-
-
-# -- pieces ----------------------------------------------------------------------------------
-
-
-def test_learning_rate_warms_up_then_decays_to_the_floor():
-    steps, peak, warmup, floor = 100, 1e-3, 10, 0.1
-    lrs = [learning_rate_at(s, steps, peak, warmup, floor) for s in range(steps)]
-    assert lrs[0] == pytest.approx(peak / warmup)
-    assert lrs[warmup - 1] == pytest.approx(peak) and lrs[warmup] == pytest.approx(peak)
-    assert all(a <= b for a, b in zip(lrs[:warmup], lrs[1 : warmup + 1], strict=True))
-    assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1 :], strict=False))
-    assert lrs[-1] == pytest.approx(peak * floor)
-
-
-def test_extrapolation_scores_the_same_tokens_at_every_length():
-    torch.manual_seed(0)
-    tokens = torch.randint(0, 256, (4000,))
-    for objective in ("clm", "mlm"):
-        model = MiniBert(TINY.model_config("rope", objective))
-        entries = extrapolation_losses(model, tokens, 16, (1, 2, 4), eval_tokens=640)
-        assert [e["length"] for e in entries] == [16, 32, 64]
-        assert len({e["tokens"] for e in entries}) == 1
-        assert all(math.isfinite(e["loss"]) for e in entries)
-    learned = MiniBert(replace(TINY.model_config("learned", "clm"), max_position_embeddings=16))
-    entries = extrapolation_losses(learned, tokens, 16, (1, 2), eval_tokens=640)
-    assert [e["status"] for e in entries] == ["ok", "not_applicable"]
-
-
-def test_bad_presets_are_refused():
-    with pytest.raises(ValueError, match="valid"):
-        compare.choose_preset("huge")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA"):
-            compare.choose_preset("gpu")
-    with pytest.raises(ValueError, match="training length"):
-        replace(TINY, train=replace(TINY.train, seq_len=16))
-
-
-def test_position_buckets_score_the_same_targets_and_bucket_zero_is_the_training_length():
-    torch.manual_seed(0)
-    tokens = torch.randint(0, 256, (6000,))
-    model = MiniBert(TINY.model_config("rope", "clm"))
-    entries = position_bucket_losses(model, tokens, 16, (1, 2, 4, 8), eval_tokens=1280)
-    assert [(e["start"], e["end"]) for e in entries] == [(0, 16), (16, 32), (32, 64), (64, 128)]
-    assert [e["tokens"] for e in entries] == [10 * 16, 10 * 16, 10 * 32, 10 * 64]
-    # causal: the first 16 targets of a window see only the first 16 tokens, as in training
-    inputs, targets = spread_windows(tokens, 128, 10)
-    with torch.no_grad():
-        logits = model(inputs[:, :16]).logits
-    direct = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets[:, :16].flatten())
-    assert entries[0]["loss"] == pytest.approx(float(direct), rel=1e-5)
-    learned = MiniBert(replace(TINY.model_config("learned", "mlm"), max_position_embeddings=16))
-    entries = position_bucket_losses(learned, tokens, 16, (1, 2), eval_tokens=640)
-    assert [e["status"] for e in entries] == ["ok", "not_applicable"]
-    with pytest.raises(ValueError, match="increase"):
-        position_bucket_losses(model, tokens, 16, (2, 1))

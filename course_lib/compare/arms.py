@@ -5,6 +5,11 @@ Every registered sequence encoding is an arm of its own name, with its module's 
 (``BertConfig.encoding_options``), each to answer one question the comparison raises; their
 names are ``<encoding>.<change>``. An ablation is data here, not a new encoding: it adds no
 entry to the registry, and its encoding's file already holds the option.
+
+An ablation trains with its encoding's learning rate (the one the preset's sweep chose for the
+encoding, :mod:`course_lib.compare.runner`): it is the encoding's recipe with one change. Its
+``metrics`` are the questions it is asked: the comparison tests it against its encoding on those
+(:mod:`course_lib.compare.claims`), and on nothing else.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ __all__ = ["ABLATIONS", "Arm", "arm_names", "get_arm"]
 @dataclass(frozen=True)
 class Arm:
     """One model of the comparison: ``encoding`` with ``options(train_len)`` passed to its
-    module (None: the module's defaults). ``question``: what the arm isolates."""
+    module (None: the module's defaults). ``question``: what the arm isolates; ``metrics``: the
+    metrics (:data:`course_lib.compare.stats.METRICS`) on which an ablation is compared with its
+    encoding."""
 
     name: str
     encoding: str
     question: str = ""
     options: Callable[[int], dict] | None = None
+    metrics: tuple[str, ...] = ("val_loss",)  # what the ablation is tested on
 
     def encoding_options(self, train_len: int) -> dict | None:
         """The module options of this arm for a model trained on ``train_len`` tokens."""
@@ -46,6 +54,13 @@ def _dynamic_ntk(train_len: int) -> dict:
     }
 
 
+def _fixed_penalty(value: float) -> Callable[[int], dict]:
+    return lambda _: {"penalty_init": value, "learn_penalty": False}
+
+
+#: What the penalty ablations are asked: the loss, far away with a long context, and the probes.
+_PENALTY_METRICS = ("val_loss", "long@7L", "word_order", "retrieval")
+
 #: Ablations, in the order tables list them.
 ABLATIONS: tuple[Arm, ...] = (
     Arm(
@@ -54,25 +69,45 @@ ABLATIONS: tuple[Arm, ...] = (
         "RoPE read past its training length with dynamic NTK scaling (notebook 07's best "
         "zero-shot rule); up to the training length it is plain RoPE, so it trains exactly like it",
         _dynamic_ntk,
+        ("long@7L", "bucket0"),
     ),
     Arm(
         "rse.no_penalty",
         "rse",
         "RSE without its distance penalty (lambda = 0): RoPE + stick-breaking; what the penalty adds",
-        lambda _: {"penalty_init": 0.0, "learn_penalty": False},
+        _fixed_penalty(0.0),
+        _PENALTY_METRICS,
+    ),
+    Arm(
+        "rse.lambda_0.03",
+        "rse",
+        "RSE with its penalty fixed at lambda = 0.03 per byte in every head (a mild penalty: "
+        "1.9 at the training length's far end)",
+        _fixed_penalty(0.03),
+        _PENALTY_METRICS,
+    ),
+    Arm(
+        "rse.lambda_0.3",
+        "rse",
+        "RSE with its penalty fixed at lambda = 0.3 per byte in every head (a strong one: keys "
+        "beyond about 10 bytes lose most of their score)",
+        _fixed_penalty(0.3),
+        _PENALTY_METRICS,
     ),
     Arm(
         "rse.softmax",
         "rse",
         "RSE's scores (RoPE + the learned penalty, ALiBi-like) under softmax: what the stick adds",
         lambda _: {"normaliser": "softmax"},
+        _PENALTY_METRICS,
     ),
     Arm(
         "rse.stick_bias",
         "rse",
         "RSE with a learned per-head stick bias starting at -3: every key breaks off a smaller "
-        "share, so the stick reaches farther keys (the fix for the masked-LM word-order probe)",
+        "share, so the stick reaches farther keys",
         lambda _: {"stick_bias_init": -3.0},
+        ("val_loss", "word_order", "retrieval"),
     ),
     Arm(
         "learned.unit_init",
@@ -80,6 +115,7 @@ ABLATIONS: tuple[Arm, ...] = (
         "the learned table started at std 1 (the scale of the states it is added to) instead "
         "of 0.02",
         lambda _: {"init_std": 1.0},
+        ("val_loss", "word_order", "retrieval"),
     ),
 )
 

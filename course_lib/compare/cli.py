@@ -3,7 +3,11 @@
 ``--encodings`` and ``--objectives`` take names separated by spaces (``--encodings rope rse``) or
 commas (``--encodings rope,rse``); encodings are checked against
 :data:`course_lib.encodings.REGISTRY` and an unknown name exits with the list of valid ones.
-Run it again after an interruption (or after ``--stop-after-steps``) and it resumes.
+Run it again after an interruption (or after ``--stop-after-steps``) and it resumes. Each call
+that trains appends one record to ``<out>/sessions.json`` (when it started, how long it ran, how
+many processes, the machine's load), so the report can say how long the committed run took.
+``--timing`` measures training speed in a separate pass (``timing.json``); ``--report`` only
+redraws the report from what is saved.
 
 Launched by ``torchrun`` with several processes (``torchrun --nproc_per_node N -m
 course_lib.compare ...``), it creates a process group (:mod:`course_lib.distributed`) and
@@ -15,6 +19,9 @@ all of them (DistributedDataParallel), ``runs`` gives each process whole runs. W
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,8 +29,8 @@ from pathlib import Path
 
 from course_lib.compare.arms import ABLATIONS
 from course_lib.compare.presets import PRESETS, choose_preset
-from course_lib.compare.results import default_out_dir, summary_markdown, update_readme_headline
-from course_lib.compare.runner import preset_results, run_comparison, write_report
+from course_lib.compare.results import default_out_dir, headline_markdown, update_readme_headline
+from course_lib.compare.runner import preset_results, run_comparison, timing_pass, write_report
 from course_lib.distributed import (
     DEFAULT_TIMEOUT_SECONDS,
     MODES,
@@ -140,6 +147,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="train nothing: draw the figures and summary.md from the runs saved in the folder "
         "(and, for the cpu preset's committed folder, README's headline table)",
     )
+    parser.add_argument(
+        "--timing",
+        action="store_true",
+        help="train nothing for the report: time a few training steps of every arm, back to "
+        "back in this process, and write timing.json (the report's cost table)",
+    )
     parser.add_argument("--force", action="store_true", help="recompute finished runs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--no-figures", action="store_true", help="skip figures and summary.md")
@@ -179,6 +192,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if preset.name == "cpu" and Path(out_dir).resolve() == default_out_dir("cpu").resolve():
             print(f"wrote {update_readme_headline(preset_results(out_dir, preset))}")
         return 0
+    if args.timing:
+        out_dir = args.out_dir or default_out_dir(preset.name)
+        arms = None
+        if args.encodings is not None or args.ablations is not None:
+            arms = (
+                *(args.encodings or preset.encoding_names()),
+                *(a for a in (args.ablations or preset.ablations) if a != "none"),
+            )
+        timing_pass(
+            preset, out_dir, arms=arms, objectives=args.objectives, threads=args.threads,
+            progress=not args.no_progress,
+        )  # fmt: skip
+        print(f"wrote {Path(out_dir) / 'timing.json'}")
+        return 0
     processes = None
     if launched():
         processes = start(preset.device, args.parallel or "data", args.dist_timeout)
@@ -189,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     started = time.perf_counter()
+    load_at_start = _load_average()
+    out_dir = Path(args.out_dir or default_out_dir(preset.name))
     try:
         results = run_comparison(
             preset,
@@ -207,19 +236,52 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_after_steps=args.stop_after_steps,
             processes=processes,
         )
-    except Exception as error:
-        if processes is not None:
+    except BaseException as error:
+        if processes is None or processes.is_main:
+            _log_session(out_dir, started, load_at_start, processes, f"stopped: {error!r}")
+        if processes is not None and isinstance(error, Exception):
             print(_failure_message(processes, error), file=sys.stderr, flush=True)
         raise
     stop(processes)
     if processes is not None and not processes.is_main:
         return 0
     elapsed = time.perf_counter() - started
-    out_dir = args.out_dir or default_out_dir(preset.name)
+    _log_session(out_dir, started, load_at_start, processes, f"{len(results)} runs finished")
     print(f"{len(results)} finished run(s) in {out_dir} ({elapsed / 60:.1f} min this call)")
     if results:
-        print(summary_markdown(results))
+        print(headline_markdown(results))
     return 0
+
+
+def _load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def _log_session(
+    out_dir: Path, started: float, load_at_start: float | None, processes, outcome: str
+) -> None:
+    """Append this call's record to ``<out_dir>/sessions.json``: when it started, its wall
+    time, processes and mode, the 1-minute load average at its start and end, and how it
+    ended."""
+    path = out_dir / "sessions.json"
+    sessions = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+    wall = time.perf_counter() - started
+    sessions.append(
+        {
+            "started": (
+                datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=wall)
+            ).isoformat(timespec="seconds"),
+            "wall_seconds": round(wall, 1),
+            "processes": 1 if processes is None else processes.world_size,
+            "parallel_mode": None if processes is None else processes.mode,
+            "load_average_1min": [load_at_start, _load_average()],
+            "outcome": outcome,
+        }
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(sessions, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _failure_message(processes: Processes, error: Exception) -> str:

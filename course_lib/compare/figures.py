@@ -2,8 +2,8 @@
 
 Each ``plot_*`` function takes the list that :func:`course_lib.compare.load_results` returns,
 draws one figure and returns it; :func:`write_figures` saves them all into a folder. Every figure
-shows the spread over seeds: a mean with the seeds' range (a band or a bar) and, where they fit,
-the seeds themselves as dots. Each encoding is drawn in its registry colour
+shows the spread over seeds: a mean with the 95% t interval over seeds or the seeds' range (a
+band or a bar, the caption says which) and, where they fit, the seeds themselves as dots. Each encoding is drawn in its registry colour
 (:func:`encoding_color`), the same in every figure of the course; the ablations appear in
 their own figure (:func:`plot_ablations`), as differences from their encoding seed by seed.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from course_lib.compare.arms import ABLATIONS
+from course_lib.compare.results import load_timing
 from course_lib.compare.stats import by_arm, paired, spread
 from course_lib.encodings import get_encoding
 
@@ -25,6 +26,7 @@ __all__ = [
     "plot_ablations",
     "plot_cost_table",
     "plot_loss_curves",
+    "plot_position_and_context",
     "plot_position_buckets",
     "plot_probe_accuracy",
     "plot_retrieval_by_position",
@@ -123,7 +125,7 @@ def plot_loss_curves(results: list[dict], *, show_train: bool = True, train_poin
         ax.axhline(unigram, color="black", ls="--", lw=0.8, label="unigram")
         ax.set_title(OBJECTIVE_TITLES[objective], fontsize=10)
         ax.set_xlabel("training step")
-        ax.set_ylabel("validation loss (nats per byte)")
+        ax.set_ylabel("selection-split loss (nats per byte)")
         ax.set_ylim(top=unigram + 0.3)
         ax.grid(alpha=0.3)
     fig.suptitle(f"Learning curves, band = range over seeds ({_source_line(results)})", fontsize=9)
@@ -132,16 +134,32 @@ def plot_loss_curves(results: list[dict], *, show_train: bool = True, train_poin
     return fig
 
 
+def _bucket_labels(results: list[dict]) -> list[str]:
+    """``0-63``, ``64-127``, ... : the positions of the long windows' buckets."""
+    length = results[0]["identity"]["train_config"]["seq_len"]
+    edges = [0, length, 2 * length, 4 * length, 8 * length]
+    count = sum(1 for k in range(4) if f"bucket{k}" in results[0]["evaluation"])
+    return [f"{edges[k]}-{edges[k + 1] - 1}" for k in range(count)]
+
+
+def _interval(value) -> tuple[float, float]:
+    """The 95% interval of a :class:`~course_lib.compare.stats.Spread` (its mean for one
+    seed)."""
+    return value.ci() if value.n > 1 else (value.mean, value.mean)
+
+
 def plot_position_buckets(results: list[dict]):
-    """Loss by target position bucket (the same windows of 8x the training length for every
-    encoding): the mean over seeds, with the seeds' range as error bars; an ``x`` at the bottom
-    marks buckets past the learned table."""
+    """Loss by target position bucket in the long windows (the same windows for every
+    encoding): the mean over seeds, with the 95% interval as error bars; an ``x`` at the bottom
+    marks buckets past the learned table. For clm a target at ``t`` sees ``t + 1`` tokens, so
+    position and context grow together here (:func:`plot_position_and_context` separates
+    them)."""
     objectives = _objectives(results)
     fig, axes = _axes(len(objectives), width=5.2, height=3.8)
+    labels = _bucket_labels(results)
+    length = results[0]["identity"]["train_config"]["seq_len"]
     for ax, objective in zip(axes, objectives, strict=True):
         groups = _encoding_groups(results, objective)
-        buckets = next(iter(groups.values()))[0]["position_buckets"]
-        labels = [f"{b['start']}-{b['end'] - 1}" for b in buckets]
         for i, (encoding, runs) in enumerate(groups.items()):
             color = encoding_color(encoding)
             shift = (i - (len(groups) - 1) / 2) * 0.035
@@ -151,26 +169,83 @@ def plot_position_buckets(results: list[dict]):
                 if value is None:
                     missing.append(k + shift)
                     continue
+                lo, hi = _interval(value)
                 xs.append(k + shift)
                 means.append(value.mean)
-                errors[0].append(value.mean - value.low)
-                errors[1].append(value.high - value.mean)
+                errors[0].append(max(0.0, value.mean - lo))
+                errors[1].append(max(0.0, hi - value.mean))
             ax.errorbar(xs, means, yerr=errors, marker="o", ms=3.5, lw=1.3, capsize=2,
                         color=color, label=encoding)  # fmt: skip
             if missing:
                 ax.plot(missing, [0.02] * len(missing), "x", color=color, ms=7,
                         transform=ax.get_xaxis_transform(), clip_on=False)  # fmt: skip
-        train_len = buckets[0]["end"]
         ax.axvline(0.5, color="black", lw=0.8, ls=":")
         ax.set_xticks(range(len(labels)), labels)
-        ax.set_xlabel(f"position of the target (trained at {train_len} tokens)")
+        ax.set_xlabel(f"position of the target (trained at {length} tokens)")
         ax.set_ylabel("loss (nats per byte)")
         note = "" if objective == "clm" else "; every target sees the whole window"
         ax.set_title(f"{OBJECTIVE_TITLES[objective]}{note}", fontsize=9)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Loss by position, bars = range over seeds ({_source_line(results)})", fontsize=9)
+    fig.suptitle(
+        f"Loss by position in long windows, bars = 95% interval ({_source_line(results)})",
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     _figure_legend(fig, axes, "x at the bottom = not applicable (past the learned table)")
+    return fig
+
+
+def plot_position_and_context(results: list[dict]):
+    """Past the training length, position and context apart (one row per objective): left, the
+    loss of a block of targets read alone at positions ``s..`` minus at ``0..`` (the positions
+    alone); right, the same targets inside the long window minus read alone at ``s..`` (the
+    extra context alone). Mean over seeds with the 95% interval, per encoding."""
+    objectives = _objectives(results)
+    fig, grid = plt.subplots(
+        len(objectives), 2, figsize=(10.4, 3.5 * len(objectives)), squeeze=False
+    )
+    length = results[0]["identity"]["train_config"]["seq_len"]
+    tags = sorted(
+        {k.split("@")[1] for k in results[0]["evaluation"] if k.startswith("shift@")},
+        key=lambda t: int(t[:-1]),
+    )
+    starts = [int(t[:-1]) * length for t in tags]
+    panels = (
+        ("shift_cost", "positions moved, same context"),
+        ("context_gain", "long context minus moved alone"),
+    )
+    axes = []
+    for row, objective in zip(grid, objectives, strict=True):
+        groups = _encoding_groups(results, objective)
+        for ax, (prefix, title) in zip(row, panels, strict=True):
+            for i, (encoding, runs) in enumerate(groups.items()):
+                xs, means, errors = [], [], [[], []]
+                for k, tag in enumerate(tags):
+                    value = spread(runs, f"{prefix}@{tag}")
+                    if value is None:
+                        continue
+                    lo, hi = _interval(value)
+                    xs.append(k + (i - (len(groups) - 1) / 2) * 0.04)
+                    means.append(value.mean)
+                    errors[0].append(max(0.0, value.mean - lo))
+                    errors[1].append(max(0.0, hi - value.mean))
+                if xs:
+                    ax.errorbar(xs, means, yerr=errors, marker="o", ms=3, lw=1.2, capsize=2,
+                                color=encoding_color(encoding), label=encoding)  # fmt: skip
+            ax.axhline(0, color="black", lw=0.8)
+            ax.set_xticks(range(len(tags)), [f"{s}-{s + length - 1}" for s in starts])
+            ax.set_xlabel("the targets' positions")
+            ax.set_ylabel("loss difference (nats)")
+            ax.set_title(f"{OBJECTIVE_TITLES[objective]}: {title}", fontsize=9)
+            ax.grid(alpha=0.3)
+            axes.append(ax)
+    fig.suptitle(
+        "Past the training length, position or context; bars = 95% interval "
+        f"({_source_line(results)})",
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    _figure_legend(fig, axes)
     return fig
 
 
@@ -197,8 +272,9 @@ def plot_retrieval_by_position(results: list[dict]):
             # a small sideways offset per encoding, so lines at the same accuracy stay visible
             shift = (i - (len(groups) - 1) / 2) * 0.5 * step / max(1, len(groups))
             xs = [p + shift for p in positions]
-            errors = [[m - lo for m, lo in zip(mean, low, strict=True)],
-                      [hi - m for m, hi in zip(mean, high, strict=True)]]  # fmt: skip
+            # (clamped at 0: the mean of equal values can exceed them by a rounding error)
+            errors = [[max(0.0, m - lo) for m, lo in zip(mean, low, strict=True)],
+                      [max(0.0, hi - m) for m, hi in zip(mean, high, strict=True)]]  # fmt: skip
             ax.errorbar(xs, mean, yerr=errors, marker=markers[i % len(markers)], ms=3.5, lw=1.2,
                         capsize=1.5, alpha=0.85, color=encoding_color(encoding), label=encoding)  # fmt: skip
         if groups:
@@ -253,15 +329,19 @@ def plot_probe_accuracy(results: list[dict]):
 
 
 def plot_ablations(results: list[dict]):
-    """Each ablation minus its own encoding, seed by seed (dots) and their mean (bar), for the
-    validation loss, the loss at the last position bucket and the probes."""
-    metrics = [("val_loss", "val loss"), ("bucket3", "loss at the last bucket"),
+    """Each ablation minus its own encoding, seed by seed (dots), their mean (bar) and 95%
+    interval (line), for the test loss, the far targets with a long context and the probes."""
+    far = results[0]["identity"]["evaluation"]["offset_multiples"][-1]
+    metrics = [("val_loss", "test loss"), (f"long@{far}L", "far targets, long context"),
                ("word_order", "word order"), ("retrieval", "retrieval")]  # fmt: skip
     rows = [
         (objective, ablation)
         for objective in _objectives(results)
         for ablation in ABLATIONS
-        if paired(results, objective, ablation.name, ablation.encoding, "val_loss") is not None
+        if any(
+            paired(results, objective, ablation.name, ablation.encoding, name) is not None
+            for name, _ in metrics
+        )
     ]
     if not rows:
         raise ValueError("these results have no ablation with its encoding to compare")
@@ -271,10 +351,11 @@ def plot_ablations(results: list[dict]):
             diff = paired(results, objective, ablation.name, ablation.encoding, name)
             if diff is None:
                 continue
-            color = encoding_color(ablation.encoding)
-            ax.barh(y, diff.spread.mean, 0.6, color=color, alpha=0.5)
-            ax.plot(list(diff.differences.values()), [y] * len(diff.differences), "o",
-                    color="black", ms=2.5)  # fmt: skip
+            ax.barh(y, diff.mean, 0.6, color=encoding_color(ablation.encoding), alpha=0.5)
+            if diff.n > 1:
+                lo, hi = diff.ci()
+                ax.plot([lo, hi], [y, y], color="black", lw=1)
+            ax.plot(list(diff.differences.values()), [y] * diff.n, "o", color="black", ms=2.5)
         ax.axvline(0, color="black", lw=0.8)
         ax.set_yticks(range(len(rows)), [f"{o} {a.name}" for o, a in rows], fontsize=7)
         ax.invert_yaxis()
@@ -282,40 +363,46 @@ def plot_ablations(results: list[dict]):
         ax.grid(alpha=0.3, axis="x")
         if ax is not axes[0]:
             ax.set_yticklabels([])
-    fig.suptitle(f"Ablations, paired by seed ({_source_line(results)})", fontsize=9)
+    fig.suptitle(
+        f"Ablations, paired by seed; line = 95% interval ({_source_line(results)})", fontsize=9
+    )
     fig.tight_layout()
     return fig
 
 
-def _tokens_per_second(runs: list[dict]) -> str:
-    value = spread(runs, "tokens_per_second")
-    return f"{value.mean:,.0f}" + (f" ± {value.sd:,.0f}" if value.n > 1 else "")
-
-
-def plot_cost_table(results: list[dict]):
-    """A table: parameters (total and in position tables), training tokens per second (mean ±
-    sd over seeds) and peak memory of every arm."""
+def plot_cost_table(results: list[dict], timing: dict | None = None):
+    """A table: parameters (total and in position tables) of every arm and, from a timing pass
+    (:func:`course_lib.compare.runner.timing_pass`), its training tokens per second by the wall
+    clock and per CPU second; without one, the speed measured during the runs (mean over
+    seeds, taken while other work may have shared the machine), labelled so."""
+    speeds = {}
+    if timing is not None:
+        speeds = {
+            (row["objective"], row["arm"]): (row["tokens_per_second"], row["tokens_per_cpu_second"])
+            for row in timing["rows"]
+        }
     rows = []
     for (objective, arm), runs in by_arm(results).items():
         m = runs[0]["metrics"]
-        memory = m["peak_memory"]
-        mem_text = (
-            f"{memory['megabytes']:.0f} MB"
-            if memory["kind"] == "cuda_max_memory_allocated"
-            else "n/a (CPU)"
-        )
+        if timing is not None:
+            wall, cpu = speeds.get((objective, arm), (math.nan, math.nan))
+            speed = [f"{wall:,.0f}", f"{cpu:,.0f}"]
+        else:
+            during = statistics.fmean(r["metrics"]["tokens_per_second_during_run"] for r in runs)
+            speed = [f"{during:,.0f}", "n/a"]
+        parameters = m["parameters"]
         rows.append(
             [
                 objective,
                 arm,
-                f"{m['parameters']['total']:,}",
-                f"{m['parameters']['position_embeddings']:,}",
-                _tokens_per_second(runs),
-                mem_text,
+                f"{parameters['total']:,}",
+                f"{parameters['position_embeddings']:,}",
+                *speed,
             ]
         )
-    columns = ["objective", "arm", "parameters", "in position table", "tokens/s", "peak mem"]
-    fig, ax = plt.subplots(figsize=(7.2, 0.24 * (len(rows) + 1) + 0.6))
+    wall_label = "tokens/s (timing pass)" if timing is not None else "tokens/s (during runs)"
+    columns = ["objective", "arm", "parameters", "in position table", wall_label, "per CPU s"]
+    fig, ax = plt.subplots(figsize=(7.6, 0.24 * (len(rows) + 1) + 0.6))
     ax.axis("off")
     # the table fills the axes, so the title above the axes cannot overlap its header
     table = ax.table(cellText=rows, colLabels=columns, bbox=[0, 0, 1, 1], cellLoc="right")
@@ -329,6 +416,7 @@ def plot_cost_table(results: list[dict]):
 FIGURES = {
     "loss_curves.png": plot_loss_curves,
     "position_buckets.png": plot_position_buckets,
+    "position_and_context.png": plot_position_and_context,
     "retrieval_by_position.png": plot_retrieval_by_position,
     "probe_accuracy.png": plot_probe_accuracy,
     "ablations.png": plot_ablations,
@@ -357,7 +445,7 @@ def write_figures(results: list[dict], out_dir: str | Path) -> list[Path]:
             continue
         if draw is plot_ablations and not _has_ablation(results):
             continue
-        fig = draw(results)
+        fig = draw(results, load_timing(out_dir)) if draw is plot_cost_table else draw(results)
         path = out_dir / name
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)

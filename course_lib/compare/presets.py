@@ -4,13 +4,21 @@ A :class:`Preset` fixes everything that defines a comparison except which runs i
 :class:`ProbeSpec` fixes one probe (task, examples, seeds, fine-tuning budget). :data:`PRESETS`:
 
 * ``gpu``: the implementation report's model (hidden 384, 6 layers, 6 heads of 64, sequence
-  256), Triton kernels, bf16 autocast, three seeds and every ablation. It has never been run
+  256), Triton kernels, bf16 autocast, five seeds and every ablation. It has never been run
   (no GPU was available to the course's authors): its budget is a guess, not a measurement.
-* ``cpu``: hidden 64, 2 layers, 4 heads of 16, sequence 64, 300 clm / 600 mlm steps, reference
-  attention, one thread per process, three seeds, every ablation (retrieval probe on clm runs
-  only). Its results are committed in ``figures/compare_cpu/``; ``summary.md`` there says how
-  long they took.
-* ``tiny``: for tests and live demonstrations (seconds per run), one seed, no ablation.
+* ``cpu``: hidden 64, 2 layers, 4 heads of 16, sequence 64, 300 clm / 1000 mlm steps, reference
+  attention, one thread per process, a learning rate per encoding from a sweep of three, six
+  seeds, every ablation (retrieval probe on clm runs only). Its results are committed in
+  ``figures/compare_cpu/``; ``summary.md`` there says how long they took.
+* ``tiny``: for tests and live demonstrations (seconds per run), one seed, no ablation, no
+  sweep.
+
+What every run is scored on (:class:`Preset`'s evaluation fields, :mod:`course_lib.evaluate`):
+the **test** split of :func:`course_lib.data.comparison_splits` (deduplicated against training:
+no shared 32-byte string), at the training length (every window, masked-LM losses over
+``mask_draws`` mask draws) and in long windows of ``long_multiple`` times it (position shift and
+long context apart, :func:`course_lib.evaluate.shift_and_context_losses`); a learning-rate sweep
+reads only the **selection** split.
 
 :func:`choose_preset` picks one by name (``"auto"`` = ``gpu`` if CUDA is available, else ``cpu``).
 A preset's runs cover every registered sequence encoding unless its ``encodings`` names some,
@@ -48,13 +56,27 @@ class ProbeSpec:
     context_len: int = 8  # retrieval only
     alphabet: str = "abcdefghijklmnopqrstuvwxyz"  # retrieval only
     objectives: tuple[str, ...] = OBJECTIVES  # the runs this probe is applied to
+    finetune_seeds: tuple[int, ...] = (0,)  # one fine-tune per seed; accuracy over all of them
+    order_seed: int = 303  # seeds the order of each example's candidates
 
     def _generate(self, n: int, seed: int) -> ProbeBatch:
         if self.task == "word_order":
-            return word_order_probe(n, seed)
-        if self.task == "retrieval":
-            return retrieval_probe(n, self.context_len, seed, alphabet=self.alphabet)
-        raise ValueError(f"unknown probe task {self.task!r}; valid: 'word_order', 'retrieval'")
+            probe = word_order_probe(n, seed)
+        elif self.task == "retrieval":
+            probe = retrieval_probe(n, self.context_len, seed, alphabet=self.alphabet)
+        else:
+            raise ValueError(f"unknown probe task {self.task!r}; valid: 'word_order', 'retrieval'")
+        # the candidates of each example in a random order (seeded), so nothing about the
+        # answer is in its place among them
+        generator = torch.Generator().manual_seed(self.order_seed * 1_000_003 + seed)
+        order = torch.rand(probe.candidate_ids.shape, generator=generator).argsort(dim=1)
+        return replace(probe, candidate_ids=probe.candidate_ids.gather(1, order))
+
+    @property
+    def unit_size(self) -> int:
+        """Examples per unit of the standard error: word-order examples come in pairs (both
+        orders of the same words, whose answers are not independent), retrieval ones alone."""
+        return 2 if self.task == "word_order" else 1
 
     def make(self, split: str) -> ProbeBatch:
         """The :class:`~course_lib.data.ProbeBatch` of ``split`` ("train" or "eval").
@@ -73,6 +95,9 @@ class ProbeSpec:
         for text in probe.texts:
             keep_list.append(text not in seen)
             seen.add(text)
+        if self.unit_size == 2:  # a pair is kept whole or dropped whole
+            for i in range(0, len(keep_list) - 1, 2):
+                keep_list[i] = keep_list[i + 1] = keep_list[i] and keep_list[i + 1]
         keep = torch.tensor(keep_list)
         return ProbeBatch(
             input_ids=probe.input_ids[keep],
@@ -98,7 +123,17 @@ class ProbeSpec:
 
 @dataclass(frozen=True)
 class Preset:
-    """Everything that defines a comparison except the list of runs."""
+    """Everything that defines a comparison except the list of runs.
+
+    Training: ``train`` (``mlm_steps`` replaces its steps for the masked runs); the learning rate
+    of an arm's runs is chosen per encoding from ``learning_rates`` by a sweep (one run per rate
+    at ``sweep_seed``, scored on the selection split; :mod:`course_lib.compare.runner`), or is
+    ``train.learning_rate`` when ``learning_rates`` is empty. Evaluation (on the test split of
+    :func:`course_lib.data.comparison_splits` with ``select_fraction``, ``test_fraction`` and
+    ``ngram``): every window of the training length (at most ``eval_windows``), masked runs
+    over ``mask_draws`` mask draws; windows of ``long_multiple`` times the training length (at
+    most ``long_windows``, ``long_mask_draws`` mask draws) for the targets at ``offset_multiples``
+    times it (position shift and long context apart) and the loss by position bucket."""
 
     name: str
     description: str
@@ -110,8 +145,6 @@ class Preset:
     backend: str
     train: TrainConfig
     probes: tuple[ProbeSpec, ...]
-    length_multiples: tuple[int, ...] = (1, 2, 4)
-    eval_tokens: int = 8192  # validation tokens per length in the final evaluation
     eval_batch_size: int = 8
     cpu_threads: int | None = None  # torch.set_num_threads on CPU (None: leave as is)
     mlm_steps: int | None = None  # training steps of the mlm runs (None: train.steps)
@@ -119,8 +152,17 @@ class Preset:
     objectives: tuple[str, ...] = OBJECTIVES
     seeds: tuple[int, ...] = (0,)  # one run per seed (the training seed: init and data order)
     ablations: tuple[str, ...] = ()  # names of course_lib.compare.arms.ABLATIONS to run too
-    bucket_multiples: tuple[int, ...] = (1, 2, 4, 8)  # loss by position bucket, see evaluate
-    bucket_eval_tokens: int = 16384  # tokens scored by position bucket (windows of 8x)
+    learning_rates: tuple[float, ...] = ()  # the sweep's rates (empty: train.learning_rate)
+    sweep_seed: int = 1000  # the seed of the sweep's runs (never one of ``seeds``)
+    select_fraction: float = 0.06
+    test_fraction: float = 0.12
+    ngram: int = 32
+    eval_windows: int | None = None  # test windows at the training length (None: all)
+    mask_draws: int = 4
+    long_multiple: int = 8
+    long_windows: int | None = None
+    long_mask_draws: int = 2
+    offset_multiples: tuple[int, ...] = (1, 2, 4, 7)
 
     def __post_init__(self) -> None:
         for spec in self.probes:
@@ -130,6 +172,16 @@ class Preset:
                     f"{spec.sequence_length} tokens, more than the training length "
                     f"{self.train.seq_len} (the learned table would have no rows for them)"
                 )
+        if self.sweep_seed in self.seeds:
+            raise ValueError(
+                f"preset {self.name!r}: the sweep's seed {self.sweep_seed} is one of the seeds "
+                "the report scores; choose another"
+            )
+        if any(not 0 < m < self.long_multiple for m in self.offset_multiples):
+            raise ValueError(
+                f"offset_multiples must lie in (0, long_multiple={self.long_multiple}), got "
+                f"{self.offset_multiples}"
+            )
 
     def encoding_names(self) -> tuple[str, ...]:
         """The encodings a comparison of this preset trains: ``encodings``, or, when it is None,
@@ -142,11 +194,21 @@ class Preset:
         """The arms a comparison of this preset trains: its encodings, then its ablations."""
         return (*self.encoding_names(), *self.ablations)
 
-    def train_config(self, objective: str, seed: int = 0) -> TrainConfig:
+    @property
+    def swept(self) -> bool:
+        """Whether the learning rate is chosen by a sweep (else ``train.learning_rate``)."""
+        return len(self.learning_rates) > 0
+
+    def train_config(
+        self, objective: str, seed: int = 0, learning_rate: float | None = None
+    ) -> TrainConfig:
         """The training budget of ``objective``'s runs (the same for every encoding), with the
-        training ``seed`` (model init and data order)."""
+        training ``seed`` (model init and data order) and ``learning_rate`` (default: the
+        preset's ``train.learning_rate``). The validation curve is read on the selection split,
+        never on the text a report scores."""
         steps = self.mlm_steps if objective == "mlm" and self.mlm_steps is not None else None
-        return replace(self.train, steps=steps or self.train.steps, seed=seed)
+        rate = self.train.learning_rate if learning_rate is None else float(learning_rate)
+        return replace(self.train, steps=steps or self.train.steps, seed=seed, learning_rate=rate)
 
     def model_config(self, arm: str, objective: str) -> BertConfig:
         """The model of one run of ``arm`` (an encoding, or an ablation of one:
@@ -166,25 +228,62 @@ class Preset:
             backend=self.backend,
         )
 
-    def identity(self, arm: str, objective: str, seed: int = 0) -> dict:
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Where the far targets start: ``offset_multiples`` times the training length."""
+        return tuple(m * self.train.seq_len for m in self.offset_multiples)
+
+    def _text_identity(self) -> dict:
+        return {
+            "select_fraction": self.select_fraction,
+            "test_fraction": self.test_fraction,
+            "ngram": self.ngram,
+        }
+
+    def _model_identity(self, arm: str, objective: str) -> dict:
+        return {
+            k: v for k, v in self.model_config(arm, objective).to_dict().items() if v is not None
+        }
+
+    def identity(
+        self, arm: str, objective: str, seed: int = 0, learning_rate: float | None = None
+    ) -> dict:
         """What must match for a saved checkpoint or result to count as this run (JSON types:
         tuples become lists, so it compares equal to what a results file holds). Model options
         left at None (``encoding_options``) are not part of it."""
-        model_config = {
-            k: v for k, v in self.model_config(arm, objective).to_dict().items() if v is not None
-        }
         identity = {
             "format_version": FORMAT_VERSION,
             "preset": self.name,
             "arm": arm,
             "seed": seed,
-            "model_config": model_config,
-            "train_config": asdict(self.train_config(objective, seed)),
+            "model_config": self._model_identity(arm, objective),
+            "train_config": asdict(self.train_config(objective, seed, learning_rate)),
+            "text": self._text_identity(),
             "probes": [asdict(p) for p in self.probes],
-            "length_multiples": list(self.length_multiples),
-            "eval_tokens": self.eval_tokens,
-            "bucket_multiples": list(self.bucket_multiples),
-            "bucket_eval_tokens": self.bucket_eval_tokens,
+            "evaluation": {
+                "eval_windows": self.eval_windows,
+                "mask_draws": self.mask_draws,
+                "long_multiple": self.long_multiple,
+                "long_windows": self.long_windows,
+                "long_mask_draws": self.long_mask_draws,
+                "offset_multiples": list(self.offset_multiples),
+            },
+        }
+        return json.loads(json.dumps(identity))
+
+    def sweep_identity(self, encoding: str, objective: str, learning_rate: float) -> dict:
+        """What must match for a saved sweep run (``encoding`` at ``learning_rate``, seed
+        ``sweep_seed``, scored on the selection split) to count as this preset's."""
+        identity = {
+            "format_version": FORMAT_VERSION,
+            "preset": self.name,
+            "sweep": True,
+            "arm": encoding,
+            "seed": self.sweep_seed,
+            "model_config": self._model_identity(encoding, objective),
+            "train_config": asdict(self.train_config(objective, self.sweep_seed, learning_rate)),
+            "text": self._text_identity(),
+            "mask_draws": self.mask_draws,
         }
         return json.loads(json.dumps(identity))
 
@@ -197,6 +296,9 @@ def _probe_config(steps: int, batch_size: int, learning_rate: float) -> ProbeCon
         warmup_steps=max(1, steps // 20),
     )
 
+
+#: The ablations every full preset runs.
+_ALL_ABLATIONS = tuple(a.name for a in ABLATIONS)
 
 PRESETS: dict[str, Preset] = {
     "gpu": Preset(
@@ -225,20 +327,30 @@ PRESETS: dict[str, Preset] = {
             autocast_dtype="bfloat16",
         ),
         probes=(
-            ProbeSpec("word_order", 2048, 512, _probe_config(500, 64, 3e-4)),
-            ProbeSpec("retrieval", 8192, 1024, _probe_config(1500, 64, 3e-4), context_len=32),
+            ProbeSpec(
+                "word_order", 2048, 512, _probe_config(500, 64, 3e-4), finetune_seeds=(0, 1, 2)
+            ),  # fmt: skip
+            ProbeSpec(
+                "retrieval",
+                8192,
+                1024,
+                _probe_config(1500, 64, 3e-4),
+                context_len=32,
+                finetune_seeds=(0, 1, 2),
+            ),  # fmt: skip
         ),
-        eval_tokens=65536,
         eval_batch_size=16,
-        seeds=(0, 1, 2),
-        ablations=tuple(a.name for a in ABLATIONS),
-        bucket_eval_tokens=262144,
+        seeds=(0, 1, 2, 3, 4),
+        ablations=_ALL_ABLATIONS,
+        learning_rates=(5e-4, 1e-3, 2e-3),
+        long_mask_draws=2,
     ),
     "cpu": Preset(
         name="cpu",
         description=(
             "a small model (hidden 64, 2 layers, 4 heads of 16, sequence 64; 300 steps for clm, "
-            "600 for mlm, batch 16) with the reference attention on one CPU thread"
+            "1000 for mlm, batch 16; the learning rate of each encoding from a sweep of "
+            "1.5e-3, 3e-3 and 6e-3) with the reference attention on one CPU thread"
         ),
         device="cpu",
         hidden_size=64,
@@ -252,22 +364,30 @@ PRESETS: dict[str, Preset] = {
             seq_len=64,
             learning_rate=3e-3,
             warmup_steps=30,
-            eval_every=25,
+            eval_every=50,
             eval_windows=128,
             checkpoint_every=50,
         ),
         probes=(
             # eval: every distinct unseen pair drawn from 1024 (about 330 pairs of 624)
-            ProbeSpec("word_order", 512, 2048, _probe_config(300, 32, 1e-3)),
+            ProbeSpec(
+                "word_order", 512, 2048, _probe_config(200, 32, 1e-3), finetune_seeds=(0, 1, 2)
+            ),  # fmt: skip
             # The causal models only: it keeps the CPU budget (the gpu preset runs both).
-            ProbeSpec("retrieval", 2048, 1024, _probe_config(800, 32, 1e-3), objectives=("clm",)),
+            ProbeSpec(
+                "retrieval",
+                2048,
+                1024,
+                _probe_config(400, 32, 1e-3),
+                objectives=("clm",),
+                finetune_seeds=(0, 1, 2),
+            ),  # fmt: skip
         ),
-        eval_tokens=8192,
         cpu_threads=1,
-        mlm_steps=600,
-        seeds=(0, 1, 2),
-        ablations=tuple(a.name for a in ABLATIONS),
-        bucket_eval_tokens=32768,
+        mlm_steps=1000,
+        seeds=(0, 1, 2, 3, 4, 5),
+        ablations=_ALL_ABLATIONS,
+        learning_rates=(1.5e-3, 3e-3, 6e-3),
     ),
     "tiny": Preset(
         name="tiny",
@@ -295,8 +415,11 @@ PRESETS: dict[str, Preset] = {
             ProbeSpec("word_order", 256, 128, _probe_config(300, 32, 1e-3)),
             ProbeSpec("retrieval", 512, 128, _probe_config(100, 32, 1e-3), objectives=("clm",)),
         ),
-        eval_tokens=2048,
         cpu_threads=1,
+        eval_windows=128,
+        mask_draws=2,
+        long_windows=16,
+        long_mask_draws=1,
     ),
 }
 

@@ -1,32 +1,49 @@
-"""Results of the comparison: where they are saved, reading them back, the summary table.
+"""Results of the comparison: where they are saved, reading them back, the report's text.
 
-A run's results are one JSON file, ``<out_dir>/<objective>_<encoding>.json`` (see
-:func:`course_lib.compare.runner.run_one` for what it holds). :func:`load_results` reads back
-those that exist, for every registered encoding (a registered encoding that was never run simply
-has none); :func:`summary_markdown` turns them into the headline table.
+A run's results are one JSON file, ``<out_dir>/<objective>_<arm>_s<seed>.json`` (see
+:func:`course_lib.compare.runner.run_one` for what it holds); the learning-rate sweep's are in
+``<out_dir>/sweep/``, the timing pass's in ``<out_dir>/timing.json`` and the log of the
+sittings that made them in ``<out_dir>/sessions.json``. :func:`load_results` reads back the
+runs that exist; :func:`summary_markdown` writes the report (``summary.md``) and
+:func:`headline_markdown` README's headline, both from the same family of tested claims
+(:mod:`course_lib.compare.claims`).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from course_lib.compare.arms import ABLATIONS, arm_names
-from course_lib.compare.stats import by_arm, paired, spread
+from course_lib.compare.claims import (
+    BOOTSTRAP_RESAMPLES,
+    PLATEAU_MARGIN,
+    Bound,
+    Difference,
+    evaluation_se,
+    judge,
+    plateau_arms,
+    spread_of_called,
+)
+from course_lib.compare.stats import ALPHA, METRICS, MIN_EFFECT, by_arm, spread
 from course_lib.model import OBJECTIVES
 
 #: Version of the result and checkpoint identity; a change makes saved runs count as different.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 __all__ = [
+    "FORMAT_VERSION",
     "REPO_ROOT",
     "default_out_dir",
-    "hardware_label",
-    "load_results",
     "describe_runs",
+    "hardware_label",
     "headline_markdown",
+    "load_results",
+    "load_sessions",
     "run_name",
     "summary_markdown",
+    "sweep_name",
     "update_readme_headline",
 ]
 
@@ -42,6 +59,11 @@ def default_out_dir(preset: str) -> Path:
 def run_name(objective: str, arm: str, seed: int = 0) -> str:
     """``<objective>_<arm>_s<seed>``: the stem of a run's result and checkpoint files."""
     return f"{objective}_{arm}_s{seed}"
+
+
+def sweep_name(objective: str, encoding: str, learning_rate: float) -> str:
+    """``<objective>_<encoding>_lr<rate>``: the stem of a sweep run's files."""
+    return f"{objective}_{encoding}_lr{learning_rate:g}"
 
 
 def hardware_label(hardware: dict) -> str:
@@ -88,28 +110,210 @@ def load_results(out_dir: str | Path) -> list[dict]:
     return results
 
 
-def _cell(runs: list[dict], name: str, digits: int = 3) -> str:
-    """A table cell: the metric's ``mean ± sd`` over the seeds of ``runs``, or n/a."""
+def load_sessions(out_dir: str | Path) -> list[dict]:
+    """The sittings logged in ``<out_dir>/sessions.json`` (``[]`` when there is none)."""
+    path = Path(out_dir) / "sessions.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+
+
+def load_timing(out_dir: str | Path) -> dict | None:
+    """The timing pass of ``<out_dir>/timing.json`` (None when there is none)."""
+    path = Path(out_dir) / "timing.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells
+# ---------------------------------------------------------------------------------------------
+
+
+def _cell(runs: list[dict], name: str, digits: int | None = None) -> str:
+    """A table cell: the metric's mean [95% interval] over the seeds of ``runs``, or n/a."""
     value = spread(runs, name)
-    return "n/a" if value is None else value.text(digits)
+    digits = METRICS[name].digits if digits is None else digits
+    return "n/a" if value is None else value.interval_text(digits)
 
 
-def _bucket_labels(results: list[dict]) -> list[str]:
-    return [f"{b['start']}-{b['end'] - 1}" for b in results[0]["position_buckets"]]
+def _rate(rate: float) -> str:
+    return f"{rate:g}"
+
+
+def _arm_label(arm: str) -> str:
+    return arm if "." not in arm else f"{arm} (ablation)"
 
 
 OBJECTIVE_HEADINGS = {
     "mlm": (
         "Masked LM",
-        "loss on the 15% masked tokens, with context on both sides (not comparable with the "
-        "causal loss)",
+        "loss on the masked bytes (15%, over several mask draws), with context on both sides "
+        "(not comparable with the causal loss)",
     ),
-    "clm": ("Causal LM", "loss on every next token; bpb = bits per byte = loss / ln 2"),
+    "clm": ("Causal LM", "loss on every next byte; bpb = bits per byte = loss / ln 2"),
 }
 
 
-def _arm_label(arm: str) -> str:
-    return arm if "." not in arm else f"{arm} (ablation)"
+def _far(results: list[dict]) -> tuple[str, str]:
+    """The far block's label (``448-511``) and the multiple of its metrics (``7L``)."""
+    multiple = max(int(k.split("@")[1][:-1]) for k in results[0]["evaluation"] if "@" in k)
+    length = results[0]["identity"]["train_config"]["seq_len"]
+    start = multiple * length
+    return f"{start}-{start + length - 1}", f"{multiple}L"
+
+
+def _probes_of(runs: list[dict]) -> list[str]:
+    return [t for t in ("word_order", "retrieval") if any(t in r["probes"] for r in runs)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+
+
+def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
+    """One paragraph: the model, the hardware, the seeds, and what the runs cost (with the
+    sittings logged in ``folder``)."""
+    first = results[0]
+    seeds = sorted({r["seed"] for r in results})
+    cpu = sum(r["metrics"]["cpu_seconds_this_segment"] for r in results)
+    train_cpu = sum(r["metrics"]["train_cpu_seconds"] for r in results)
+    loads = [x for r in results if (x := r["metrics"].get("cpu_load_average_1min")) is not None]
+    text = (
+        f"Model: {first['preset_description']}. Hardware: {hardware_label(first['hardware'])}. "
+        f"Seeds: {', '.join(map(str, seeds))} (each seeds the initialisation and the order of "
+        "the training data; probe examples, masks and evaluation text are the same for every "
+        f"run). The {len(results)} runs took {cpu / 60:.1f} CPU-minutes (process time; "
+        f"{train_cpu / 60:.1f} of them in training steps, the rest evaluation and probes; a run "
+        "resumed after an interruption counts its last segment only)"
+    )
+    if loads:
+        text += (
+            f"; the machine's 1-minute load average at the end of each run: median "
+            f"{statistics.median(loads):.1f}, up to {max(loads):.1f}"
+        )
+    text += "."
+    sessions = load_sessions(folder) if folder is not None else []
+    if sessions:
+        wall = sum(s["wall_seconds"] for s in sessions)
+        procs = sorted({s["processes"] for s in sessions})
+        text += (
+            f" Wall-clock time of the command that made them (`sessions.json`): "
+            f"{wall / 60:.0f} min in {len(sessions)} sitting{'s' if len(sessions) > 1 else ''} "
+            f"({' or '.join(map(str, procs))} process{'es' if procs != [1] else ''}), the sweep "
+            "and the timing pass included, on a machine shared with other work: on an idle "
+            f"machine with two processes it would be about the CPU time over two "
+            f"({(cpu + _sweep_cpu(folder)) / 120:.0f} min)."
+        )
+    return text
+
+
+def _sweep_cpu(folder: str | Path | None) -> float:
+    if folder is None or not (Path(folder) / "sweep").exists():
+        return 0.0
+    total = 0.0
+    for path in (Path(folder) / "sweep").glob("*.json"):
+        total += json.loads(path.read_text(encoding="utf-8"))["metrics"]["cpu_seconds_this_segment"]
+    return total
+
+
+def _data_section(results: list[dict], verdicts: dict) -> list[str]:
+    data = results[0]["data"]
+    val_tokens = {r["objective"]: r["evaluation"]["val"]["tokens"] for r in results}
+    se = {}
+    for objective, arm in by_arm(results):
+        value = evaluation_se(results, Bound(objective, arm, "val_loss", "above", 0.0))
+        if value is not None:
+            se.setdefault(objective, []).append(value)
+    summary = spread_of_called(verdicts)
+    ratio = summary["largest_eval_se_ratio"]
+    lines = [
+        "## Text and evaluation",
+        "",
+        f"Corpus: `{data['corpus_source']}`, cut in order into training text "
+        f"({data['train_tokens']:,} bytes), a selection split and a test split. Every "
+        f"{data['ngram']}-byte string of a held-out split that also occurs in the training "
+        "text (for the test split: in the training or the selection text) is removed with its "
+        f"bytes, and windows are cut only inside what is left: selection "
+        f"{data['select']['kept_bytes']:,} of {data['select']['held_out_bytes']:,} bytes kept, "
+        f"test {data['test']['kept_bytes']:,} of {data['test']['held_out_bytes']:,}. The "
+        "learning-rate sweep reads only the selection split; everything below is on the test "
+        f"split: {data['test_windows']} windows of the training length "
+        f"({', '.join(f'{o} {n:,} targets' for o, n in val_tokens.items())}, masked LM over "
+        f"{results[0]['identity']['evaluation']['mask_draws']} mask draws) and "
+        f"{data['long_windows']} windows of {data['long_window_length']} bytes. Unigram "
+        f"entropy of the training text: {data['unigram_entropy_nats']:.3f} nats per byte.",
+        "",
+        f"The test text's own noise (bootstrap over windows, {BOOTSTRAP_RESAMPLES} resamples): "
+        "standard error of one arm's test loss "
+        + ", ".join(f"{o} {min(v):.3f} to {max(v):.3f}" for o, v in se.items() if v)
+        + " nats; of the called estimates below, at most "
+        + ("n/a" if ratio is None else f"{ratio:.2f}")
+        + " of their size (a call needs less than 0.25).",
+        "",
+    ]
+    return lines
+
+
+def _sweep_section(results: list[dict], sweeps: list[dict]) -> list[str]:
+    if not sweeps:
+        return []
+    table: dict[tuple[str, str], dict[float, float]] = {}
+    for s in sweeps:
+        table.setdefault((s["objective"], s["encoding"]), {})[s["learning_rate"]] = s["select"][
+            "loss"
+        ]
+    rates = sorted({rate for row in table.values() for rate in row})
+    chosen = {(r["objective"], r["encoding"]): r["learning_rate"] for r in results}
+    lines = [
+        "## Learning rates",
+        "",
+        f"Each encoding trained once per rate at seed {sweeps[0]['seed']} (a seed the report "
+        "does not score), scored on the selection split; the rate with the lowest loss (bold) "
+        "trains every seed of the encoding and of its ablations. A rate at the edge of the "
+        "grid is marked: the best rate may lie beyond it.",
+        "",
+        "| objective | encoding | " + " | ".join(f"lr {_rate(x)}" for x in rates) + " | chosen |",
+        "|---|---|" + "---|" * (len(rates) + 1),
+    ]
+    order = {name: i for i, name in enumerate(arm_names())}
+    for (objective, encoding), row in sorted(
+        table.items(), key=lambda kv: (OBJECTIVES.index(kv[0][0]), order.get(kv[0][1], 99))
+    ):
+        pick = chosen.get((objective, encoding))
+        cells = []
+        for rate in rates:
+            loss = row.get(rate)
+            text = "n/a" if loss is None else f"{loss:.3f}"
+            cells.append(f"**{text}**" if rate == pick else text)
+        edge = pick is not None and pick in (rates[0], rates[-1])
+        pick_text = "n/a" if pick is None else _rate(pick) + (" (edge)" if edge else "")
+        lines.append(f"| {objective} | {encoding} | " + " | ".join(cells) + f" | {pick_text} |")
+    return lines + [""]
+
+
+def _plateau_section(results: list[dict]) -> list[str]:
+    mlm = [(arm, runs) for (o, arm), runs in by_arm(results).items() if o == "mlm"]
+    if not mlm:
+        return []
+    unigram = results[0]["data"]["unigram_entropy_nats"]
+    stuck = plateau_arms(results)
+    threshold = unigram - PLATEAU_MARGIN
+    worst = ", ".join(
+        f"{arm} {max(r['evaluation']['val']['loss'] for r in runs):.3f}" for arm, runs in mlm
+    )
+    verdict = (
+        "every masked arm left the plateau"
+        if not stuck
+        else "did not leave the plateau (no ranking claim is made on it): " + ", ".join(stuck)
+    )
+    return [
+        "## Did the masked models leave the unigram plateau?",
+        "",
+        f"A masked model that has not started to use context sits near the unigram entropy "
+        f"({unigram:.3f} nats); an arm counts as having left it when every seed's test loss is "
+        f"at least {PLATEAU_MARGIN} below ({threshold:.3f}). Worst seed per arm: {worst}. "
+        f"Verdict: {verdict}.",
+        "",
+    ]
 
 
 def _objective_table(results: list[dict], objective: str) -> list[str]:
@@ -117,19 +321,26 @@ def _objective_table(results: list[dict], objective: str) -> list[str]:
     if not groups:
         return []
     runs0 = next(iter(groups.values()))
-    buckets = _bucket_labels(runs0)
-    probes = [t for t in ("word_order", "retrieval") if any(t in r["probes"] for r in runs0)]
-    columns = ["arm", "seeds", "params (position)", "val loss"]
+    far, tag = _far(results)
+    probes = _probes_of([r for runs in groups.values() for r in runs])
+    columns = ["arm", "seeds", "lr", "params (position)", "test loss"]
     columns += ["bpb"] if objective == "clm" else []
-    columns += [f"loss at {b}" for b in buckets]
-    columns += [t.replace("_", " ") for t in probes] + ["tokens/s"]
+    length = runs0[0]["identity"]["train_config"]["seq_len"]
+    columns += [
+        f"{far} read at 0-{length - 1}",
+        f"{far} shifted",
+        f"{far} long context",
+    ]
+    columns += [t.replace("_", " ") for t in probes]
     title, note = OBJECTIVE_HEADINGS[objective]
     lines = [
         f"## {title}",
         "",
-        f"Each cell: mean ± sample standard deviation over the seeds; {note}. Loss at a..b: the "
-        "same held-out windows, scored by the position of the target (training length "
-        f"{runs0[0]['identity']['train_config']['seq_len']}).",
+        f"Each cell: mean [95% t interval] over the seeds; {note}. The three far columns score "
+        f"the same targets (bytes {far} of the long windows, training length {length}): read "
+        f"alone at positions 0-{length - 1} as in training; read alone at their own positions "
+        "(only the positions change); read inside the whole long window (the positions and all "
+        "the context). Probes: accuracy over every held-out example and fine-tune seed.",
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),
@@ -139,157 +350,283 @@ def _objective_table(results: list[dict], objective: str) -> list[str]:
         cells = [
             _arm_label(arm),
             ", ".join(str(r["seed"]) for r in runs),
+            _rate(runs[0]["learning_rate"]),
             f"{params['total']:,} ({params['position_embeddings']:,})",
             _cell(runs, "val_loss"),
         ]
         cells += [_cell(runs, "bpb")] if objective == "clm" else []
-        cells += [_cell(runs, f"bucket{k}") for k in range(len(buckets))]
-        cells += [_cell(runs, t, 2) for t in probes]
-        tps = spread(runs, "tokens_per_second")
-        cells.append(f"{tps.mean:,.0f}" + (f" ± {tps.sd:,.0f}" if tps.n > 1 else ""))
+        cells += [_cell(runs, f"{kind}@{tag}") for kind in ("near", "shift", "long")]
+        cells += [_cell(runs, t) for t in probes]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
-def _ablation_table(results: list[dict]) -> list[str]:
+def _position_context_table(results: list[dict], objective: str) -> list[str]:
+    groups = {k: v for k, v in by_arm(results).items() if k[0] == objective}
+    if not groups:
+        return []
+    first = next(iter(groups.values()))[0]
+    tags = sorted(
+        {k.split("@")[1] for k in first["evaluation"] if k.startswith("shift@")},
+        key=lambda t: int(t[:-1]),
+    )
+    length = first["identity"]["train_config"]["seq_len"]
+    starts = [int(t[:-1]) * length for t in tags]
+    columns = ["arm"]
+    columns += [f"shift to {s}" for s in starts]
+    columns += [f"long context at {s}" for s in starts]
+    lines = [
+        f"### {OBJECTIVE_HEADINGS[objective][0]}: position or context",
+        "",
+        "Mean [95% interval] over seeds, nats. *shift to s*: the loss of a block of "
+        f"{length} targets read alone at positions s.. minus the same block at 0..{length - 1} "
+        "(the same tokens and context: what the positions alone cost). *long context at s*: the "
+        "same targets inside the long window minus read alone at s.. (the same positions: what "
+        "the extra context adds, negative, or costs, positive).",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    for (_, arm), runs in groups.items():
+        cells = [_arm_label(arm)]
+        cells += [_cell(runs, f"shift_cost@{t}") for t in tags]
+        cells += [_cell(runs, f"context_gain@{t}") for t in tags]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _verdict_row(v) -> list[str]:
+    digits = METRICS[v.claim.metric].digits
+    lo, hi = v.ci
+    sign = "+" if not isinstance(v.claim, Bound) else ""
+    return [
+        f"{v.estimate:{sign}.{digits}f} [{lo:{sign}.{digits}f}, {hi:{sign}.{digits}f}]",
+        _p(v.p_value),
+        _p(v.p_holm),
+        "n/a" if v.eval_se is None else f"{v.eval_se:.{max(digits, 3)}f}",
+        f"**{v.verdict}**" if v.called else v.verdict,
+    ]
+
+
+def _p(p: float) -> str:
+    return "< 1e-4" if p < 1e-4 else f"{p:.2g}"
+
+
+def _ablation_section(verdicts: dict) -> list[str]:
     rows = []
-    metrics = ("val_loss", "bucket3", "word_order", "retrieval")
     for ablation in ABLATIONS:
         for objective in OBJECTIVES:
-            cells = []
-            for name in metrics:
-                diff = paired(results, objective, ablation.name, ablation.encoding, name)
-                cells.append(
-                    "n/a"
-                    if diff is None
-                    else diff.text(3 if "loss" in name or "bucket" in name else 2)
-                )
-            if all(c == "n/a" for c in cells):
-                continue
-            rows.append(
-                f"| {objective} | {ablation.name} | {ablation.encoding} | "
-                + " | ".join(cells)
-                + " |"
-            )
+            for name in ablation.metrics:
+                claim = Difference(objective, ablation.name, ablation.encoding, name)
+                if claim in verdicts:
+                    rows.append(
+                        f"| {objective} | {ablation.name} | {ablation.encoding} | "
+                        f"{METRICS[name].label} | "
+                        + " | ".join(_verdict_row(verdicts[claim]))
+                        + " |"
+                    )
     if not rows:
         return []
     return [
         "## Ablations: each against its own encoding, seed by seed",
         "",
-        "Paired difference (ablation - encoding) per seed: mean [min, max]; a direction is "
-        'called only when every seed agrees, else "within noise".',
+        "Paired difference (ablation - encoding): mean [95% t interval] over seeds, the paired "
+        "t-test's p, Holm's adjusted p over the whole family of claims, the test text's own "
+        "standard error of the difference (bootstrap), and the verdict (rule in *Every claim*).",
         "",
-        "| objective | ablation | against | val loss | loss at the last bucket | word order | "
-        "retrieval |",
-        "|---|---|---|---|---|---|---|",
+        "| objective | ablation | against | metric | difference | p | Holm p | text s.e. | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
     ]
 
 
-def _learned_values(results: list[dict]) -> list[str]:
+def _learned_section(results: list[dict]) -> list[str]:
     lines = []
     for (objective, arm), runs in by_arm(results).items():
         names = sorted(
             {n for r in runs for layer in r.get("learned_values", {}).values() for n in layer}
         )
         for name in names:
-            per_layer = []
             layers = sorted(runs[0]["learned_values"])
             for layer in layers:
-                values = [v for r in runs for v in r["learned_values"][layer].get(name, [])]
-                if values:
-                    per_layer.append(f"{layer}: {min(values):.3g} to {max(values):.3g}")
-            lines.append(f"| {objective} | {arm} | {name} | " + "; ".join(per_layer) + " |")
+                per_head = list(zip(*(r["learned_values"][layer][name] for r in runs), strict=True))
+                heads = "; ".join(
+                    f"{statistics.fmean(v):.3g} [{min(v):.3g}, {max(v):.3g}]" for v in per_head
+                )
+                reach = runs[0].get("reachable_values", {}).get(layer, {}).get(name)
+                reach_text = "fixed" if reach is None else f"{reach[0]:.2g} to {reach[1]:.3g}"
+                lines.append(f"| {objective} | {arm} | {name} | {layer} | {heads} | {reach_text} |")
     if not lines:
         return []
     return [
         "## Learned values at the end of training",
         "",
-        "Range over heads and seeds (RSE's penalty lambda starts at 0.01, the stick bias at -3).",
+        "Per head: the mean over seeds [smallest, largest]. RSE's penalty lambda starts at 0.01 "
+        "and the stick bias at -3; *reachable*: how far the optimiser could have moved them in "
+        "the run (each stored parameter moved by at most the sum of the learning rates, "
+        "`course_lib.encodings.rse.RSEAttention.reachable_values`), so a learned value inside "
+        "that range is a choice of the training, not a limit of the parametrisation.",
         "",
-        "| objective | arm | value | per layer |",
-        "|---|---|---|---|",
+        "| objective | arm | value | layer | per head | reachable |",
+        "|---|---|---|---|---|---|",
         *lines,
         "",
     ]
 
 
-def describe_runs(results: list[dict]) -> str:
-    """One paragraph: the model, the hardware, the seeds, and how long the runs took."""
-    first = results[0]
-    train_seconds = sum(r["metrics"]["train_seconds"] for r in results)
-    wall_seconds = sum(r["metrics"]["wall_seconds_this_segment"] for r in results)
-    loads = [r["metrics"].get("cpu_load_average_1min") for r in results]
-    load_text = (
-        f"; mean 1-minute load average of the machine during the runs: {sum(loads) / len(loads):.2f}"
-        if all(x is not None for x in loads)
-        else ""
-    )
-    seeds = sorted({r["seed"] for r in results})
-    return (
-        f"Model: {first['preset_description']}. Hardware: {hardware_label(first['hardware'])}. "
-        f"Seeds: {', '.join(map(str, seeds))} (each seeds the initialisation and the order of "
-        "the training data; probe examples and evaluation text are the same for every run). "
-        f"The {len(results)} runs took {wall_seconds / 60:.1f} min of process time in all, of "
-        f"which {train_seconds / 60:.1f} min of training steps, the rest evaluations and "
-        f"probes (a run resumed after an interruption counts its last segment only){load_text}."
-    )
+def _claims_section(verdicts: dict) -> list[str]:
+    rows = []
+    for claim, v in verdicts.items():
+        kind = type(claim).__name__.lower()
+        rows.append(f"| {kind} | {claim.describe()} | " + " | ".join(_verdict_row(v)) + " |")
+    summary = spread_of_called(verdicts)
+    return [
+        "## Every claim",
+        "",
+        f"The family: {summary['claims']} claims (`course_lib.compare.claims`: the ablations "
+        "against their encodings, and the questions notebook 10 asks, declared before the "
+        "committed run), tested together. *difference*: arm a - arm b, seed by seed (paired "
+        "t-test, two-sided); *change*: a within-run difference against 0 (two-sided); *bound*: "
+        "the arm's mean beyond a stated value (one-sided). A claim is called when Holm's "
+        f"adjusted p is below {ALPHA}, the estimate is at least the minimum effect "
+        f"({MIN_EFFECT['loss']} nats for a loss, {MIN_EFFECT['accuracy']} for an accuracy; a "
+        "bound's margin is its value) and the test text's own standard error is below a quarter "
+        f"of it; else *within noise* (*not shown* for a bound). {summary['called']} of "
+        f"{summary['claims']} are called.",
+        "",
+        "| kind | claim | estimate [95% interval] | p | Holm p | text s.e. | verdict |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
-def summary_markdown(results: list[dict]) -> str:
-    """The comparison's report: one table per objective (mean ± sd over seeds), the ablations
-    as paired differences, and the learned values, with a paragraph saying what made them."""
+def _cost_section(results: list[dict], folder: str | Path | None) -> list[str]:
+    timing = load_timing(folder) if folder is not None else None
+    params = {(r["objective"], r["arm"]): r["metrics"]["parameters"] for r in results}
+    lines = [
+        "## Cost",
+        "",
+    ]
+    if timing is None:
+        lines += [
+            "No timing pass in this folder (`python -m course_lib.compare --timing`): speeds "
+            "measured during the runs are in each results file "
+            "(`metrics.tokens_per_second_during_run`), taken while other runs shared the "
+            "machine.",
+            "",
+        ]
+        return lines
+    loads = [x for row in timing["rows"] for x in row["load_average_1min"] if x is not None]
+    lines += [
+        f"Training speed from a separate timing pass (`timing.json`, {timing['when']}): each "
+        f"arm {timing['repeats']} times {timing['steps']} training steps, back to back in one "
+        f"process with {timing['hardware']['torch_threads']} torch thread(s) on "
+        f"{hardware_label(timing['hardware'])}; median of the repeats, by the wall clock and by "
+        "the process's CPU time. The machine's 1-minute load average during the pass: "
+        f"{min(loads):.1f} to {max(loads):.1f}"
+        + (
+            " (other work shared it: the wall-clock speeds are lower than on an idle machine; "
+            "the CPU-time speeds less so)."
+            if max(loads) > 1.5
+            else "."
+        ),
+        "",
+        "| objective | arm | parameters | in position tables | tokens/s (wall) | tokens/s (CPU time) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in timing["rows"]:
+        p = params.get((row["objective"], row["arm"]))
+        if p is None:
+            continue
+        lines.append(
+            f"| {row['objective']} | {row['arm']} | {p['total']:,} | "
+            f"{p['position_embeddings']:,} | {row['tokens_per_second']:,.0f} | "
+            f"{row['tokens_per_cpu_second']:,.0f} |"
+        )
+    return lines + [""]
+
+
+def summary_markdown(
+    results: list[dict], *, sweeps: list[dict] | None = None, folder: str | Path | None = None
+) -> str:
+    """The comparison's report: what made it, the text, the learning rates, the plateau, one
+    table per objective, position against context, the ablations, the learned values, every
+    claim of the family with its test, and the cost (``folder``: where the timing pass and the
+    sittings' log are)."""
     first = results[0]
+    verdicts = judge(results)
+    probes = {}
+    for r in results:
+        for task, probe in r["probes"].items():
+            probes[task] = probe
+    probe_text = " ".join(
+        f"{task.replace('_', ' ')}: {p['eval_examples']} held-out examples, "
+        f"{len(p['finetune_seeds'])} fine-tune seeds, chance {p['chance']:.3f}"
+        + (
+            f" (a position-blind guess of the most frequent context symbol: "
+            f"{p['bag_of_symbols_baseline']:.3f})"
+            if "bag_of_symbols_baseline" in p
+            else ""
+        )
+        + f"; standard errors over {p['standard_error_over']}."
+        for task, p in probes.items()
+    )
     lines = [
         f"# Encoding comparison: {first['preset']} preset",
         "",
-        describe_runs(results),
+        describe_runs(results, folder),
         "",
-        f"Loss: nats per byte token on held-out text. Unigram baseline: "
-        f'{first["data"]["unigram_entropy_nats"]:.3f} nats. "n/a" past the learned table: it has '
-        "no rows there. Probe chance: word order 0.5, "
-        f"retrieval {_retrieval_chance(results)}. {_probe_sizes(results)}",
+        f'Loss: nats per byte token on held-out text. "n/a" past the learned table: it has no '
+        f"rows there. Probes (a short seeded fine-tune of a copy of each model; candidates in a "
+        f"random order, a tie counts as wrong): {probe_text}",
         "",
+        *_data_section(results, verdicts),
+        *_sweep_section(results, sweeps or []),
+        *_plateau_section(results),
     ]
     for objective in OBJECTIVES:
         lines += _objective_table(results, objective)
-    lines += _ablation_table(results)
-    lines += _learned_values(results)
+    lines += ["## Past the training length: position or context", ""]
+    for objective in OBJECTIVES:
+        lines += _position_context_table(results, objective)
+    lines += _ablation_section(verdicts)
+    lines += _learned_section(results)
+    lines += _claims_section(verdicts)
+    lines += _cost_section(results, folder)
     return "\n".join(lines).rstrip() + "\n"
 
 
 def headline_markdown(results: list[dict]) -> str:
-    """README's headline: per objective, each encoding's validation loss, loss at the last
-    position bucket and probe accuracies (mean ± sd over seeds); generated, never typed."""
+    """README's headline: per objective, each encoding's chosen learning rate, test loss, the
+    far targets with a position shift only and with a long context, and the probes (mean [95%
+    interval] over seeds); generated, never typed."""
     seeds = sorted({r["seed"] for r in results})
+    far, tag = _far(results)
+    stuck = plateau_arms(results)
     lines = [
-        f"{first_line(results)} Mean ± standard deviation over seeds {', '.join(map(str, seeds))};"
-        " full tables, ablations and figures in `figures/compare_cpu/summary.md`.",
+        f"{first_line(results)} Mean [95% t interval] over seeds {', '.join(map(str, seeds))}; "
+        f"*{far} shifted*: the targets at {far} read with the training length's context, only "
+        f"their positions moved; *{far} long*: the same targets inside {results[0]['data']['long_window_length']}-byte "
+        "windows (positions and context). Verdicts, ablations and figures in "
+        "`figures/compare_cpu/summary.md`.",
         "",
     ]
     for objective in OBJECTIVES:
         groups = {k: v for k, v in by_arm(results).items() if k[0] == objective and "." not in k[1]}
         if not groups:
             continue
-        runs0 = next(iter(groups.values()))
-        last = _bucket_labels(runs0)[-1]
-        probes = [t for t in ("word_order", "retrieval") if any(t in r["probes"] for r in runs0)]
+        probes = _probes_of([r for runs in groups.values() for r in runs])
         title, _ = OBJECTIVE_HEADINGS[objective]
-        header = ["encoding", "val loss", f"loss at {last}", *(t.replace("_", " ") for t in probes)]
-        lines += [
-            f"**{title}**",
-            "",
-            "| " + " | ".join(header) + " |",
-            "|" + "---|" * len(header),
-        ]
+        header = ["encoding", "lr", "test loss", f"{far} shifted", f"{far} long"]
+        header += [t.replace("_", " ") for t in probes]
+        lines += [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for (_, arm), runs in groups.items():
-            cells = [
-                arm,
-                _cell(runs, "val_loss"),
-                _cell(runs, f"bucket{len(_bucket_labels(runs0)) - 1}"),
-            ]
-            cells += [_cell(runs, t, 2) for t in probes]
+            label = arm + (" (plateau)" if objective == "mlm" and arm in stuck else "")
+            cells = [label, _rate(runs[0]["learning_rate"]), _cell(runs, "val_loss")]
+            cells += [_cell(runs, f"shift@{tag}"), _cell(runs, f"long@{tag}")]
+            cells += [_cell(runs, t) for t in probes]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
@@ -315,28 +652,3 @@ def update_readme_headline(results: list[dict], readme: str | Path | None = None
 def first_line(results: list[dict]) -> str:
     first = results[0]
     return f"The `{first['preset']}` preset: {first['preset_description']}."
-
-
-def _probe_sizes(results: list[dict]) -> str:
-    sizes = {}
-    for r in results:
-        for task, probe in r["probes"].items():
-            sizes[task] = probe["eval_examples"]
-    if not sizes:
-        return ""
-    text = ", ".join(f"{t.replace('_', ' ')} {n}" for t, n in sizes.items())
-    return (
-        f"Held-out probe examples per run: {text} (binomial standard error of one run's "
-        "accuracy at most 0.5 / sqrt(n); each results file holds its own)."
-    )
-
-
-def _retrieval_chance(results: list[dict]) -> str:
-    probes = [r["probes"]["retrieval"] for r in results if "retrieval" in r["probes"]]
-    if not probes:
-        return "n/a"
-    probe = probes[0]
-    return (
-        f"{probe['chance']:.3f} (a position-blind guess of the most frequent context symbol: "
-        f"{probe['bag_of_symbols_baseline']:.3f})"
-    )

@@ -1,43 +1,52 @@
-"""The comparison runner: train and evaluate one (arm, objective, seed) run, or all of them.
+"""The comparison runner: the learning-rate sweep, every (arm, objective, seed) run, a timing pass.
 
-:func:`run_one` trains :class:`~course_lib.model.MiniBert` with the preset's data, steps and
-optimiser and the run's seed (:func:`course_lib.train.train_model`), then evaluates it:
+A comparison of a preset with a learning-rate grid (``Preset.learning_rates``) has two stages:
 
-1. validation loss and bits per byte at the training length, and at 2x and 4x that length on
-   the same targets (the learned table has exactly ``seq_len`` rows, so past it the JSON says
-   "not_applicable"); the loss by target position bucket in windows of 8x
-   (:func:`course_lib.evaluate.position_bucket_losses`);
-2. the word-order probe and the positional-retrieval probe of :mod:`course_lib.data`, with the
-   protocol of :func:`course_lib.train.probe_finetune`: a seeded fine-tune of a copy of the
-   pretrained model on probe examples (identical examples, order and budget for every run)
-   and the accuracy of the answer among its candidates on held-out, unseen examples, with its
-   binomial standard error (a :class:`~course_lib.compare.presets.ProbeSpec` says which
-   objectives a probe runs on);
-3. the values the encoding's modules report (``reported_values``: RSE's lambda per head);
-4. cost: parameters by part, training tokens per second, peak memory.
+1. **The sweep** (:func:`run_sweep_one`): every encoding trained once per rate of the grid with
+   the seed ``Preset.sweep_seed`` (never a seed the report scores) and scored on the
+   **selection** split only. :func:`chosen_learning_rates` picks, per (objective, encoding),
+   the rate with the lowest selection loss; an ablation trains with its encoding's rate.
+2. **The runs** (:func:`run_one`): each (arm, objective, seed) trained at its chosen rate
+   (:func:`course_lib.train.train_model`), then scored on the **test** split:
 
-Each run writes ``<out_dir>/<objective>_<arm>_s<seed>.json`` (config, preset, hardware, curves,
-metrics) and keeps a checkpoint in ``<checkpoint_dir>/<objective>_<arm>_s<seed>.pt`` (model,
-optimiser, step, RNG states; the default checkpoint folder ignores itself in git). An interrupted
-comparison resumes where it stopped, mid-run too; a finished run is skipped unless ``force=True``.
-:func:`run_comparison` makes every run of a preset, then :func:`write_report` writes the figures
-(:mod:`course_lib.compare.figures`) and ``summary.md`` into ``out_dir``.
+   * the loss at the training length on every test window (masked LM: several mask draws),
+     per window, so the report can bootstrap the test text's own noise
+     (:func:`course_lib.evaluate.heldout_loss`);
+   * past the training length, position and context apart, on the same targets
+     (:func:`course_lib.evaluate.shift_and_context_losses`);
+   * the word-order and retrieval probes (:func:`course_lib.train.probe_finetune`) with several
+     fine-tune seeds, candidates in a random order, ties wrong, standard errors over word-order
+     pairs;
+   * the values the encoding's modules report (``reported_values``: RSE's lambda per head) with
+     the range the optimiser could have reached (``reachable_values``);
+   * cost: parameters, training seconds, CPU seconds (as measured during the run, on a machine
+     that may be busy: :func:`timing_pass` measures speed on its own).
+
+Each run writes ``<out_dir>/<objective>_<arm>_s<seed>.json`` (the sweep:
+``<out_dir>/sweep/<objective>_<encoding>_lr<rate>.json``) and keeps a checkpoint in
+``<checkpoint_dir>/`` (model, optimiser, step, RNG states; the default checkpoint folder ignores
+itself in git). An interrupted comparison resumes where it stopped, mid-run too; a finished run
+is skipped unless ``force=True``. :func:`run_comparison` makes both stages, then
+:func:`write_report` writes the figures (:mod:`course_lib.compare.figures`) and ``summary.md``.
 
 Both take ``processes`` (:class:`course_lib.distributed.Processes`, from ``torchrun``; None by
 default: one process, no process group). In ``"data"`` mode every run is trained by all the
-processes together and rank 0 alone evaluates and writes; in ``"runs"`` mode each process makes
-whole runs. :mod:`course_lib.distributed` describes both.
+processes together and rank 0 alone evaluates and writes; in ``"runs"`` mode each process takes
+the next whole run whenever it is free. :mod:`course_lib.distributed` describes both.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import os
 import platform
+import statistics
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -50,20 +59,31 @@ from course_lib.compare.results import (
     load_results,
     run_name,
     summary_markdown,
+    sweep_name,
 )
-from course_lib.data import ProbeBatch, corpus_source, train_val_split, unigram_entropy
+from course_lib.data import (
+    ProbeBatch,
+    comparison_splits,
+    corpus_source,
+    segment_windows,
+    unigram_entropy,
+)
 from course_lib.distributed import Processes, tensor_fingerprint
 from course_lib.encodings import get_encoding
-from course_lib.evaluate import extrapolation_losses, peak_memory, position_bucket_losses
+from course_lib.evaluate import heldout_loss, peak_memory, shift_and_context_losses
 from course_lib.model import OBJECTIVES, MiniBert
-from course_lib.train import TrainState, probe_finetune, train_model
+from course_lib.train import TrainState, learning_rate_sum, probe_finetune, train_model
 
 __all__ = [
+    "chosen_learning_rates",
     "hardware_description",
     "preset_results",
     "retrieval_bag_baseline",
     "run_comparison",
     "run_one",
+    "run_sweep_one",
+    "sweep_results",
+    "timing_pass",
     "write_report",
 ]
 
@@ -105,8 +125,53 @@ def hardware_description(device: str | torch.device, processes: Processes | None
     return info
 
 
+def _load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
 # ---------------------------------------------------------------------------------------------
-# One run
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+class _Data:
+    """The text of a comparison, cut once per process (:func:`course_lib.data.
+    comparison_splits`): the training stream, and windows of the held-out splits: ``curve``
+    (selection split, training length; the validation curve), ``select`` (selection split, the
+    sweep's score), ``test`` (test split, training length) and ``long`` (test split,
+    ``long_multiple`` times the training length)."""
+
+    def __init__(self, preset: Preset) -> None:
+        self.splits = comparison_splits(
+            select_fraction=preset.select_fraction,
+            test_fraction=preset.test_fraction,
+            ngram=preset.ngram,
+        )
+        length = preset.train.seq_len
+        self.train = self.splits.train
+        self.select = segment_windows(self.splits.select, length + 1, None)
+        self.curve = self.select
+        self.test = segment_windows(self.splits.test, length + 1, preset.eval_windows)
+        self.long = segment_windows(
+            self.splits.test, preset.long_multiple * length + 1, preset.long_windows
+        )
+        self.source = corpus_source()
+        self.unigram_entropy = unigram_entropy(self.train)
+
+    def describe(self) -> dict:
+        return {
+            "corpus_source": self.source,
+            **self.splits.describe(),
+            "unigram_entropy_nats": self.unigram_entropy,
+            "select_windows": int(self.select.shape[0]),
+            "test_windows": int(self.test.shape[0]),
+            "long_windows": int(self.long.shape[0]),
+            "long_window_length": int(self.long.shape[1] - 1),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers
 # ---------------------------------------------------------------------------------------------
 
 
@@ -134,107 +199,6 @@ def _check_seed(seed: object) -> None:
         raise ValueError(f"a seed must be an int >= 0, got {seed!r}")
 
 
-class _Data:
-    """The token streams, loaded once per comparison."""
-
-    def __init__(self) -> None:
-        self.train, self.val = train_val_split()
-        self.source = corpus_source()
-        self.unigram_entropy = unigram_entropy(self.train)
-
-
-def _binned_accuracy(correct: list[bool], positions: list[int]) -> dict:
-    """Accuracy per target position: ``{"position": [...], "accuracy": [...], "count": [...]}``."""
-    table: dict[int, list[int]] = {}
-    for ok, pos in zip(correct, positions, strict=True):
-        table.setdefault(pos, [0, 0])
-        table[pos][0] += int(ok)
-        table[pos][1] += 1
-    keys = sorted(table)
-    return {
-        "position": keys,
-        "accuracy": [table[k][0] / table[k][1] for k in keys],
-        "count": [table[k][1] for k in keys],
-    }
-
-
-def run_one(
-    arm: str,
-    objective: str,
-    preset: Preset | str = "auto",
-    *,
-    seed: int = 0,
-    out_dir: str | Path | None = None,
-    checkpoint_dir: str | Path | None = None,
-    force: bool = False,
-    progress: bool = True,
-    stop_after_steps: int | None = None,
-    threads: int | None = None,
-    data: _Data | None = None,
-    processes: Processes | None = None,
-) -> dict | None:
-    """Train and evaluate one (arm, objective, seed) run; return its results dict.
-
-    ``arm`` is an encoding's name or an ablation's (:mod:`course_lib.compare.arms`); ``seed``
-    seeds the model's initialisation and the order of its training data (probe examples and
-    evaluation text are the same for every seed). Reads ``<out_dir>/<objective>_<arm>_s<seed>.json``
-    instead if it exists and matches this preset (``force=True`` recomputes, deleting the old
-    checkpoint first). Resumes from ``<checkpoint_dir>/<objective>_<arm>_s<seed>.pt`` if present. With ``stop_after_steps`` the
-    training stops there (simulating an interruption), the checkpoint is kept and ``None`` is
-    returned; call again without it to finish. On CPU the run uses ``threads`` (default: the
-    preset's ``cpu_threads``) torch threads, restored afterwards: the thread count changes the
-    order of floating-point sums, so a resumed run must use the same count to match exactly.
-
-    With ``processes`` in ``"data"`` mode, every process calls this with the same arguments:
-    rank 0 decides (reuse, refuse or train) and reads and writes the files; all of them train
-    (:func:`course_lib.train.train_model` with ``data_parallel``); rank 0 evaluates while the
-    others wait; every rank returns rank 0's result. The results file then records the number of
-    processes (``hardware``) and of each training segment (``metrics.training_processes``). In
-    ``"runs"`` mode this process makes the run alone, as without ``processes``; its
-    ``hardware`` record says how many processes shared the machine(s).
-    """
-    get_arm(arm)  # validates the name: a ValueError lists the valid ones
-    _check_objective(objective)
-    _check_seed(seed)
-    preset = choose_preset(preset) if isinstance(preset, str) else preset
-    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
-    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out_dir / "checkpoints"
-    name = run_name(objective, arm, seed)
-    result_path = out_dir / f"{name}.json"
-    checkpoint_path = checkpoint_dir / f"{name}.pt"
-    identity = preset.identity(arm, objective, seed)
-    team = processes if processes is not None and processes.mode == "data" else None
-
-    def saved_result() -> dict | None:
-        if force:
-            result_path.unlink(missing_ok=True)
-            checkpoint_path.unlink(missing_ok=True)
-        if result_path.exists():
-            saved = json.loads(result_path.read_text(encoding="utf-8"))
-            if saved.get("identity") != identity:
-                raise ValueError(
-                    f"{result_path} was computed with a different configuration than preset "
-                    f"{preset.name!r}; recompute it with force=True (--force) or use another "
-                    "out_dir"
-                )
-            return saved
-        _prepare_checkpoint_dir(checkpoint_dir)
-        return None
-
-    saved = saved_result() if team is None else team.from_main(saved_result)
-    if saved is not None:
-        return saved
-    data = data or _Data()
-    if team is not None:
-        team.check_same("the training text", tensor_fingerprint(data.train))
-    threads = threads if threads is not None else preset.cpu_threads
-    with _torch_threads(threads if preset.device == "cpu" else None):
-        return _train_and_evaluate(
-            arm, objective, seed, preset, identity, data, result_path, checkpoint_path,
-            progress, stop_after_steps, processes,
-        )  # fmt: skip
-
-
 @contextlib.contextmanager
 def _torch_threads(threads: int | None) -> Iterator[None]:
     """Run the body with ``torch.set_num_threads(threads)`` (None: unchanged)."""
@@ -249,10 +213,290 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+def _write_result(path: Path, result: dict) -> None:
+    """Write a results file atomically (a temporary file renamed over the old one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _prepare_checkpoint_dir(path: Path) -> None:
+    """Create the checkpoint folder with a ``.gitignore`` of ``*`` so git never picks it up."""
+    path.mkdir(parents=True, exist_ok=True)
+    ignore = path / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# checkpoints are large and reproducible: never committed\n*\n")
+
+
+def _saved_or_none(
+    result_path: Path, checkpoint_path: Path, identity: dict, force: bool, what: str
+) -> dict | None:
+    """The results file at ``result_path`` if it belongs to ``identity`` (None if there is
+    none); ``force`` deletes it and its checkpoint first; a file of another configuration is
+    refused."""
+    if force:
+        result_path.unlink(missing_ok=True)
+        checkpoint_path.unlink(missing_ok=True)
+    if result_path.exists():
+        saved = json.loads(result_path.read_text(encoding="utf-8"))
+        if saved.get("identity") != identity:
+            raise ValueError(
+                f"{result_path} was computed with a different configuration than {what}; "
+                "recompute it with force=True (--force) or use another out_dir"
+            )
+        return saved
+    _prepare_checkpoint_dir(checkpoint_path.parent)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The learning-rate sweep
+# ---------------------------------------------------------------------------------------------
+
+
+def run_sweep_one(
+    encoding: str,
+    objective: str,
+    learning_rate: float,
+    preset: Preset | str = "auto",
+    *,
+    out_dir: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    force: bool = False,
+    progress: bool = True,
+    stop_after_steps: int | None = None,
+    threads: int | None = None,
+    data: _Data | None = None,
+    processes: Processes | None = None,
+) -> dict | None:
+    """Train ``encoding`` for ``objective`` at ``learning_rate`` with the preset's sweep seed
+    and score it on the selection split (:func:`course_lib.evaluate.heldout_loss`); write and
+    return ``<out_dir>/sweep/<objective>_<encoding>_lr<rate>.json`` (reused when it exists and
+    matches; ``None`` when stopped by ``stop_after_steps``). ``processes`` as in
+    :func:`run_one`."""
+    get_arm(encoding)
+    _check_objective(objective)
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out_dir / "checkpoints"
+    name = sweep_name(objective, encoding, learning_rate)
+    result_path = out_dir / "sweep" / f"{name}.json"
+    checkpoint_path = checkpoint_dir / "sweep" / f"{name}.pt"
+    identity = preset.sweep_identity(encoding, objective, learning_rate)
+    team = processes if processes is not None and processes.mode == "data" else None
+
+    def saved() -> dict | None:
+        _prepare_checkpoint_dir(checkpoint_dir)
+        return _saved_or_none(
+            result_path, checkpoint_path, identity, force, f"preset {preset.name!r}"
+        )
+
+    found = saved() if team is None else team.from_main(saved)
+    if found is not None:
+        return found
+    data = data or _Data(preset)
+    config = preset.train_config(objective, preset.sweep_seed, learning_rate)
+    with _torch_threads(threads if threads is not None else _threads(preset)):
+        started, cpu_started = time.perf_counter(), time.process_time()
+        torch.manual_seed(config.seed)
+        device = torch.device(preset.device) if team is None else team.device
+        model = MiniBert(preset.model_config(encoding, objective)).to(device)
+        state = train_model(
+            model, data.train, data.curve, config, checkpoint_path=checkpoint_path,
+            meta=identity, stop_after_steps=stop_after_steps, progress=progress,
+            desc=f"{name} sweep", data_parallel=team,
+        )  # fmt: skip
+        if not state.finished:
+            return None
+
+        def evaluate() -> dict:
+            select = heldout_loss(
+                model, data.select, mask_draws=preset.mask_draws, mask_prob=config.mask_prob,
+                mask_seed=config.mask_seed, batch_size=preset.eval_batch_size,
+                autocast_dtype=config.autocast_dtype,
+            )  # fmt: skip
+            result = {
+                "identity": identity,
+                "run": name,
+                "sweep": True,
+                "encoding": encoding,
+                "objective": objective,
+                "learning_rate": float(learning_rate),
+                "seed": config.seed,
+                "preset": preset.name,
+                "hardware": hardware_description(device, processes),
+                "select": select,
+                "curves": {"train": state.train_curve, "val": state.val_curve},
+                "metrics": {
+                    "train_seconds": state.train_seconds,
+                    "train_cpu_seconds": state.train_cpu_seconds,
+                    "wall_seconds_this_segment": time.perf_counter() - started,
+                    "cpu_seconds_this_segment": time.process_time() - cpu_started,
+                    "cpu_load_average_1min": _load_average(),
+                },
+            }
+            _write_result(result_path, result)
+            return result
+
+        return evaluate() if team is None else team.from_main(evaluate)
+
+
+def sweep_results(out_dir: str | Path, preset: Preset | str) -> list[dict]:
+    """The sweep runs saved in ``<out_dir>/sweep/`` that belong to ``preset``'s current
+    configuration."""
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    folder = Path(out_dir) / "sweep"
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        if _belongs(result, preset):
+            found.append(result)
+    return found
+
+
+def _belongs(sweep: dict, preset: Preset) -> bool:
+    """Whether a sweep results dict is one ``preset`` would make now (an encoding that is no
+    longer registered makes none)."""
+    try:
+        expected = preset.sweep_identity(
+            sweep["encoding"], sweep["objective"], sweep["learning_rate"]
+        )
+    except (KeyError, ValueError):
+        return False
+    return sweep.get("identity") == expected
+
+
+def chosen_learning_rates(
+    out_dir: str | Path,
+    preset: Preset | str,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    sweeps: list[dict] | None = None,
+) -> dict[tuple[str, str], float]:
+    """``{(objective, encoding): rate}``: for each pair, the rate of ``preset.learning_rates``
+    whose sweep run has the lowest selection loss (a run that diverged, with a non-finite loss,
+    never wins; on a tie the smaller rate). ``pairs`` default to every pair with sweep runs.
+    Without a grid every pair gets ``train.learning_rate``. Raises FileNotFoundError naming the
+    sweep runs that are missing."""
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    found = sweeps if sweeps is not None else sweep_results(out_dir, preset)
+    table: dict[tuple[str, str], dict[float, float]] = {}
+    for r in found:
+        table.setdefault((r["objective"], r["encoding"]), {})[r["learning_rate"]] = r["select"][
+            "loss"
+        ]
+    if pairs is None:
+        pairs = sorted(table)
+    if not preset.swept:
+        return {pair: preset.train.learning_rate for pair in pairs}
+    missing = [
+        sweep_name(o, e, rate)
+        for o, e in pairs
+        for rate in preset.learning_rates
+        if rate not in table.get((o, e), {})
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"the learning-rate sweep is incomplete in {Path(out_dir) / 'sweep'}: missing "
+            f"{', '.join(missing)}; run the comparison (it sweeps first)"
+        )
+    chosen = {}
+    for pair in pairs:
+        losses = table[pair]
+        finite = [(loss, rate) for rate, loss in losses.items() if math.isfinite(loss)]
+        if not finite:
+            raise ValueError(f"every sweep run of {pair} diverged: {losses}")
+        chosen[pair] = min(finite)[1]
+    return chosen
+
+
+def _threads(preset: Preset) -> int | None:
+    return preset.cpu_threads if preset.device == "cpu" else None
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------
+
+
+def run_one(
+    arm: str,
+    objective: str,
+    preset: Preset | str = "auto",
+    *,
+    seed: int = 0,
+    learning_rate: float | None = None,
+    out_dir: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    force: bool = False,
+    progress: bool = True,
+    stop_after_steps: int | None = None,
+    threads: int | None = None,
+    data: _Data | None = None,
+    processes: Processes | None = None,
+) -> dict | None:
+    """Train and evaluate one (arm, objective, seed) run; return its results dict.
+
+    ``arm`` is an encoding's name or an ablation's (:mod:`course_lib.compare.arms`); ``seed``
+    seeds the model's initialisation and the order of its training data (probe examples and
+    evaluation text are the same for every seed). ``learning_rate`` defaults to the one the
+    preset's sweep chose for the arm's encoding (:func:`chosen_learning_rates`, read from
+    ``out_dir``; a preset without a grid: ``train.learning_rate``). Reads
+    ``<out_dir>/<objective>_<arm>_s<seed>.json`` instead if it exists and matches this preset
+    (``force=True`` recomputes, deleting the old checkpoint first). Resumes from
+    ``<checkpoint_dir>/<objective>_<arm>_s<seed>.pt`` if present. With ``stop_after_steps`` the
+    training stops there (simulating an interruption), the checkpoint is kept and ``None`` is
+    returned; call again without it to finish. On CPU the run uses ``threads`` (default: the
+    preset's ``cpu_threads``) torch threads, restored afterwards: the thread count changes the
+    order of floating-point sums, so a resumed run must use the same count to match exactly.
+
+    With ``processes`` in ``"data"`` mode, every process calls this with the same arguments:
+    rank 0 decides (reuse, refuse or train) and reads and writes the files; all of them train
+    (:func:`course_lib.train.train_model` with ``data_parallel``); rank 0 evaluates while the
+    others wait; every rank returns rank 0's result. The results file then records the number of
+    processes (``hardware``) and of each training segment (``metrics.training_processes``). In
+    ``"runs"`` mode this process makes the run alone, as without ``processes``; its
+    ``hardware`` record says how many processes shared the machine(s).
+    """
+    spec = get_arm(arm)  # validates the name: a ValueError lists the valid ones
+    _check_objective(objective)
+    _check_seed(seed)
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out_dir / "checkpoints"
+    if learning_rate is None:
+        pair = (objective, spec.encoding)
+        learning_rate = chosen_learning_rates(out_dir, preset, [pair])[pair]
+    name = run_name(objective, arm, seed)
+    result_path = out_dir / f"{name}.json"
+    checkpoint_path = checkpoint_dir / f"{name}.pt"
+    identity = preset.identity(arm, objective, seed, learning_rate)
+    team = processes if processes is not None and processes.mode == "data" else None
+
+    def saved() -> dict | None:
+        return _saved_or_none(
+            result_path, checkpoint_path, identity, force, f"preset {preset.name!r}"
+        )
+
+    found = saved() if team is None else team.from_main(saved)
+    if found is not None:
+        return found
+    data = data or _Data(preset)
+    if team is not None:
+        team.check_same("the training text", tensor_fingerprint(data.train))
+    threads = threads if threads is not None else _threads(preset)
+    with _torch_threads(threads if preset.device == "cpu" else None):
+        return _train_and_evaluate(
+            arm, objective, seed, learning_rate, preset, identity, data, result_path,
+            checkpoint_path, progress, stop_after_steps, processes,
+        )  # fmt: skip
+
+
 def _train_and_evaluate(
     arm: str,
     objective: str,
     seed: int,
+    learning_rate: float,
     preset: Preset,
     identity: dict,
     data: _Data,
@@ -265,16 +509,16 @@ def _train_and_evaluate(
     name = run_name(objective, arm, seed)
     team = processes if processes is not None and processes.mode == "data" else None
     device = torch.device(preset.device) if team is None else team.device
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    train_config = preset.train_config(objective, seed)
+    train_config = preset.train_config(objective, seed, learning_rate)
     torch.manual_seed(train_config.seed)
     model = MiniBert(preset.model_config(arm, objective)).to(device)
     state = train_model(
         model,
         data.train,
-        data.val,
+        data.curve,
         train_config,
         checkpoint_path=checkpoint_path,
         meta=identity,
@@ -288,11 +532,65 @@ def _train_and_evaluate(
 
     def evaluate() -> dict:
         return _evaluate_and_save(
-            model, state, device, arm, objective, seed, preset, identity, data, result_path,
-            progress, started, processes,
+            model, state, device, arm, objective, seed, learning_rate, preset, identity, data,
+            result_path, progress, (started, cpu_started), processes,
         )  # fmt: skip
 
     return evaluate() if team is None else team.from_main(evaluate)
+
+
+def _binned_accuracy(correct: list[float], positions: list[int]) -> dict:
+    """Accuracy per target position: ``{"position": [...], "accuracy": [...], "count": [...]}``
+    (``correct``: 0/1 per example and fine-tune, ``positions`` alongside)."""
+    table: dict[int, list[float]] = {}
+    for ok, pos in zip(correct, positions, strict=True):
+        table.setdefault(pos, [0.0, 0])
+        table[pos][0] += float(ok)
+        table[pos][1] += 1
+    keys = sorted(table)
+    return {
+        "position": keys,
+        "accuracy": [table[k][0] / table[k][1] for k in keys],
+        "count": [table[k][1] for k in keys],
+    }
+
+
+def _probe_entry(spec, eval_probe: ProbeBatch, outcomes: list[dict]) -> dict:
+    """One probe's results over its fine-tunes: the accuracy over every (example, fine-tune),
+    per unit (word-order pair, or example) the number right, the standard error over units
+    (``sd(unit accuracy) / sqrt(units)``, the fine-tunes averaged within a unit), and each
+    fine-tune's accuracy."""
+    size, tunes = spec.unit_size, len(outcomes)
+    examples = len(eval_probe)
+    right = [sum(int(o["correct"][i]) for o in outcomes) for i in range(examples)]
+    unit_correct = [sum(right[u * size : (u + 1) * size]) for u in range(examples // size)]
+    unit_accuracy = [c / (size * tunes) for c in unit_correct]
+    entry = {
+        "accuracy": sum(unit_correct) / (size * tunes * len(unit_correct)),
+        "standard_error": statistics.stdev(unit_accuracy) / math.sqrt(len(unit_accuracy)),
+        "standard_error_over": "word-order pairs" if size == 2 else "examples",
+        "finetune_seeds": list(spec.finetune_seeds),
+        "finetune_accuracies": [o["accuracy"] for o in outcomes],
+        "chance": spec.chance,
+        "eval_examples": examples,
+        "final_train_loss": [o["final_train_loss"] for o in outcomes],
+        "by_position": _binned_accuracy(
+            [float(c) for o in outcomes for c in o["correct"]],
+            eval_probe.target_position.tolist() * tunes,
+        ),
+        "unit_correct": unit_correct,
+        "unit_count": [size * tunes] * len(unit_correct),
+    }
+    if spec.task == "retrieval":
+        entry["bag_of_symbols_baseline"] = retrieval_bag_baseline(eval_probe)
+    if spec.task == "word_order":
+        both = [
+            sum(o["correct"][i] and o["correct"][i + 1] for i in range(0, examples - 1, 2))
+            / (examples // 2)
+            for o in outcomes
+        ]
+        entry["pairs_both_right"] = statistics.fmean(both)
+    return entry
 
 
 def _evaluate_and_save(
@@ -302,76 +600,68 @@ def _evaluate_and_save(
     arm: str,
     objective: str,
     seed: int,
+    learning_rate: float,
     preset: Preset,
     identity: dict,
     data: _Data,
     result_path: Path,
     progress: bool,
-    started: float,
+    started: tuple[float, float],
     processes: Processes | None,
 ) -> dict:
-    """Evaluate the trained ``model`` (extrapolation, probes, cost) and write its results file."""
+    """Evaluate the trained ``model`` (test loss, position and context, probes, learned values)
+    and write its results file."""
     name = run_name(objective, arm, seed)
-    train_config = preset.train_config(objective, seed)
-    extrapolation = extrapolation_losses(
-        model,
-        data.val,
-        train_config.seq_len,
-        preset.length_multiples,
-        eval_tokens=preset.eval_tokens,
-        batch_size=preset.eval_batch_size,
-        mask_prob=train_config.mask_prob,
-        mask_seed=train_config.mask_seed,
-        autocast_dtype=train_config.autocast_dtype,
-    )
-    buckets = position_bucket_losses(
-        model,
-        data.val,
-        train_config.seq_len,
-        preset.bucket_multiples,
-        eval_tokens=preset.bucket_eval_tokens,
-        batch_size=preset.eval_batch_size,
-        mask_prob=train_config.mask_prob,
-        mask_seed=train_config.mask_seed,
-        autocast_dtype=train_config.autocast_dtype,
-    )
+    config = preset.train_config(objective, seed, learning_rate)
+    common = dict(
+        mask_prob=config.mask_prob, batch_size=preset.eval_batch_size,
+        autocast_dtype=config.autocast_dtype,
+    )  # fmt: skip
+    evaluation = {
+        "val": heldout_loss(
+            model, data.test, mask_draws=preset.mask_draws, mask_seed=config.mask_seed, **common
+        ),
+        **shift_and_context_losses(
+            model,
+            data.long,
+            config.seq_len,
+            preset.offsets,
+            mask_draws=preset.long_mask_draws,
+            mask_seed=config.mask_seed + 1,
+            **common,
+        ),
+    }
     evaluated = time.perf_counter()
     probes = {}
     for spec in preset.probes:
         if objective not in spec.objectives:
             continue
         train_probe, eval_probe = spec.make("train"), spec.make("eval")
-        outcome = probe_finetune(
-            model,
-            train_probe,
-            eval_probe,
-            spec.finetune,
-            autocast_dtype=train_config.autocast_dtype,
-            progress=progress,
-            desc=f"{name} {spec.task}",
-        )
-        accuracy = outcome["accuracy"]
-        entry = {
-            "accuracy": accuracy,
-            # binomial standard error of this run's accuracy on its eval examples
-            "standard_error": math.sqrt(max(accuracy * (1 - accuracy), 0.0) / len(eval_probe)),
-            "chance": spec.chance,
-            "eval_examples": len(eval_probe),
-            "final_train_loss": outcome["final_train_loss"],
-            "by_position": _binned_accuracy(
-                outcome["correct"], eval_probe.target_position.tolist()
-            ),
-        }
-        if spec.task == "retrieval":
-            entry["bag_of_symbols_baseline"] = retrieval_bag_baseline(eval_probe)
-        if spec.task == "word_order":
-            entry["pairs_both_right"] = _pairs_both_right(outcome["correct"])
-        probes[spec.task] = entry
-
+        outcomes = [
+            probe_finetune(
+                model,
+                train_probe,
+                eval_probe,
+                replace(spec.finetune, seed=tune_seed),
+                autocast_dtype=config.autocast_dtype,
+                progress=progress,
+                desc=f"{name} {spec.task} (fine-tune {tune_seed})",
+            )  # fmt: skip
+            for tune_seed in spec.finetune_seeds
+        ]
+        probes[spec.task] = _probe_entry(spec, eval_probe, outcomes)
     probed = time.perf_counter()
     hardware = hardware_description(device, processes)
-    tokens_trained = train_config.steps * train_config.batch_size * train_config.seq_len
-    first = extrapolation[0]
+    movement = learning_rate_sum(config)
+    learned, reach = {}, {}
+    for i, layer in enumerate(model.layers):
+        if values := layer.attention.reported_values():
+            learned[f"layer{i}"] = values
+            reachable = getattr(layer.attention, "reachable_values", None)
+            if reachable is not None and (ranges := reachable(movement)):
+                reach[f"layer{i}"] = {k: list(v) for k, v in ranges.items()}
+    tokens_trained = config.steps * config.batch_size * config.seq_len
+    val = evaluation["val"]
     result = {
         "identity": identity,
         "run": name,
@@ -379,77 +669,78 @@ def _evaluate_and_save(
         "encoding": get_arm(arm).encoding,
         "seed": seed,
         "objective": objective,
+        "learning_rate": float(learning_rate),
         "preset": preset.name,
         "preset_description": preset.description,
         "label": f"{preset.name} preset, {hardware_label(hardware)}",
         "hardware": hardware,
-        "data": {
-            "corpus_source": data.source,
-            "train_tokens": int(data.train.numel()),
-            "val_tokens": int(data.val.numel()),
-            "unigram_entropy_nats": data.unigram_entropy,
-        },
+        "data": data.describe(),
         "curves": {"train": state.train_curve, "val": state.val_curve},
         "metrics": {
-            "final_val_loss": first["loss"],
-            "final_val_bits_per_byte": first["bits_per_byte"],
-            "final_val_tokens": first["tokens"],
+            "final_val_loss": val["loss"],
+            "final_val_bits_per_byte": val["loss"] / math.log(2.0),
+            "final_val_tokens": val["tokens"],
             "loss_note": (
-                "nats per predicted byte token on held-out text; for mlm over the masked tokens only"
+                "nats per predicted byte token on the test split; for mlm over the masked tokens "
+                "of every mask draw"
             ),
             "tokens_trained": tokens_trained,
             "train_seconds": state.train_seconds,
-            "tokens_per_second": tokens_trained / state.train_seconds,
+            "train_cpu_seconds": state.train_cpu_seconds,
+            "tokens_per_second_during_run": tokens_trained / state.train_seconds,
             "training_segments": state.segments,
             **(
                 {"training_processes": state.processes}
                 if any(n > 1 for n in state.processes)
                 else {}
             ),
+            "evaluation_seconds": evaluated - started[0] - state.train_seconds,
             "probe_seconds": probed - evaluated,
-            "wall_seconds_this_segment": probed - started,
-            "cpu_load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "wall_seconds_this_segment": probed - started[0],
+            "cpu_seconds_this_segment": time.process_time() - started[1],
+            "cpu_load_average_1min": _load_average(),
             "peak_memory": peak_memory(device),
             "parameters": model.parameter_counts(),
+            "learning_rate_sum": movement,
         },
-        "extrapolation": extrapolation,
-        "position_buckets": buckets,
+        "evaluation": evaluation,
         "probes": probes,
-        "learned_values": {
-            f"layer{i}": values
-            for i, layer in enumerate(model.layers)
-            if (values := layer.attention.reported_values())
-        },
+        "learned_values": learned,
+        "reachable_values": reach,
     }
     _write_result(result_path, result)
     return result
 
 
-def _write_result(path: Path, result: dict) -> None:
-    """Write a results file atomically (a temporary file renamed over the old one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _pairs_both_right(correct: list[bool]) -> float:
-    """Fraction of word-order pairs (examples 2k, 2k+1) with both orders answered right."""
-    pairs = [correct[i] and correct[i + 1] for i in range(0, len(correct) - 1, 2)]
-    return sum(pairs) / max(1, len(pairs))
-
-
-def _prepare_checkpoint_dir(path: Path) -> None:
-    """Create the checkpoint folder with a ``.gitignore`` of ``*`` so git never picks it up."""
-    path.mkdir(parents=True, exist_ok=True)
-    ignore = path / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("# checkpoints are large and reproducible: never committed\n*\n")
-
-
 # ---------------------------------------------------------------------------------------------
 # The comparison
 # ---------------------------------------------------------------------------------------------
+
+_CALLS = {"n": 0}  # run_comparison calls so far in this process (keys of the shared counters)
+
+
+def _mine(processes: Processes | None, items: list, stage: str) -> Iterator:
+    """The items this process makes: all of them (one process, or ``"data"`` mode, where every
+    process takes part in each), or in ``"runs"`` mode the next one whenever it is free
+    (:meth:`~course_lib.distributed.Processes.next_index`)."""
+    if processes is None or processes.mode == "data":
+        yield from items
+        return
+    key = f"{stage}-{_CALLS['n']}"
+    while (index := processes.next_index(key)) < len(items):
+        yield items[index]
+
+
+def _gather(processes: Processes | None, mine: list[dict]) -> list[dict]:
+    """``"runs"`` mode: wait for every process (a barrier that names a rank that does not
+    arrive within the timeout) and return every process's results; else ``mine``."""
+    if processes is None or processes.mode == "data":
+        return mine
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=processes.timeout_seconds)
+    dist.monitored_barrier(group=processes.objects, timeout=timeout, wait_all_ranks=True)
+    return [r for part in processes.all_gather(mine) for r in part]
 
 
 def run_comparison(
@@ -473,20 +764,24 @@ def run_comparison(
     The arms are ``encodings`` (default: the preset's, i.e. every registered sequence encoding
     unless the preset names some) and then ``ablations`` (default: the preset's; names from
     :data:`course_lib.compare.arms.ABLATIONS`), each checked before anything runs; ``seeds``
-    default to the preset's. Runs go seed by seed (so an interrupted comparison has whole seeds),
-    then objective by objective, arm by arm; a causal-only encoding has no masked-LM run.
-    Finished runs are read back, unfinished ones resumed. Afterwards, if all requested runs
-    finished and ``figures``, draws the figures and ``summary.md`` into ``out_dir`` (default
-    ``figures/compare_<preset>/``) from every run of this preset saved there
-    (:func:`preset_results`), so running one more arm or seed into a folder adds it to the
-    figures instead of replacing them. ``threads`` overrides the preset's CPU thread count.
+    default to the preset's. A preset with a learning-rate grid first sweeps the encodings of
+    these arms (:func:`run_sweep_one`, every rate; finished sweep runs are read back), then
+    trains every run at its encoding's chosen rate. Runs go seed by seed (so an interrupted
+    comparison has whole seeds), then objective by objective, arm by arm; a causal-only
+    encoding has no masked-LM run. Finished runs are read back, unfinished ones resumed.
+    Afterwards, if all requested runs finished and ``figures``, draws the figures and
+    ``summary.md`` into ``out_dir`` (default ``figures/compare_<preset>/``) from every run of
+    this preset saved there (:func:`preset_results`), so running one more arm or seed into a
+    folder adds it to the report instead of replacing it. ``threads`` overrides the preset's
+    CPU thread count.
 
     With ``processes`` (every process of a ``torchrun`` launch calls this with the same
     arguments): in ``"data"`` mode the runs go in the same order, each trained by all processes
-    together (:func:`run_one`); in ``"runs"`` mode process ``r`` makes runs ``r, r + N, ...`` of
-    the list alone (each exactly as one process would), then waits for the others, and rank 0
-    writes any results file it does not see (machines without a shared folder). Only rank 0
-    draws the figures; every rank returns the results of all finished runs, in the list's order.
+    together (:func:`run_one`); in ``"runs"`` mode each process takes the next run of the list
+    whenever it is free (each made exactly as one process would), the processes wait for each
+    other after the sweep and at the end, and rank 0 writes any results file it does not see
+    (machines without a shared folder). Only rank 0 draws the figures; every rank returns the
+    results of all finished runs, in the list's order.
     """
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     arms = (
@@ -504,8 +799,7 @@ def run_comparison(
     for objective in objectives:
         _check_objective(objective)
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
-    from tqdm.auto import tqdm
-
+    _CALLS["n"] += 1
     if processes is not None and processes.mode == "data":
         for objective in objectives:
             batch = preset.train_config(objective).batch_size
@@ -515,60 +809,169 @@ def run_comparison(
                     f"{processes.world_size} processes cannot share evenly: start a number of "
                     f"processes that divides {batch}, or use --parallel runs"
                 )
-    # a causal-only encoding (FoX, CoPE) has no masked-LM run: MiniBert's MLM is bidirectional
-    runs = [
-        (o, a, seed)
-        for seed in seeds
-        for o in objectives
-        for a in arms
-        if o == "clm" or not get_encoding(get_arm(a).encoding).causal_only
-    ]
+
+    def trains(objective: str, arm: str) -> bool:
+        # a causal-only encoding (FoX, CoPE) has no masked-LM run: MiniBert's MLM is bidirectional
+        return objective == "clm" or not get_encoding(get_arm(arm).encoding).causal_only
+
+    runs = [(o, a, s) for s in seeds for o in objectives for a in arms if trains(o, a)]
+    pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
+    sweep = [(o, e, rate) for o, e in pairs for rate in preset.learning_rates]
     main = processes is None or processes.is_main
-    mine = runs
-    if processes is not None and processes.mode == "runs":
-        mine = runs[processes.rank :: processes.world_size]
+    runs_mode = processes is not None and processes.mode == "runs"
+    show = progress and (main or runs_mode)
+    rank_note = f" (rank {processes.rank})" if runs_mode else ""
     data: _Data | None = None
+
+    def needs_data(path: Path) -> _Data | None:
+        nonlocal data
+        if data is None and (force or not path.exists()):
+            data = _Data(preset)
+        return data
+
+    from tqdm.auto import tqdm
+
+    common = dict(
+        out_dir=out_dir, checkpoint_dir=checkpoint_dir, force=force, progress=show,
+        stop_after_steps=stop_after_steps, threads=threads, processes=processes,
+    )  # fmt: skip
+    swept: list[dict] = []
+    if sweep:
+        bar = tqdm(total=len(sweep), desc=f"{preset.name} sweep{rank_note}", disable=not show)
+        try:
+            for objective, encoding, rate in _mine(processes, sweep, "sweep"):
+                name = sweep_name(objective, encoding, rate)
+                bar.set_postfix(run=name, refresh=True)
+                result = run_sweep_one(
+                    encoding, objective, rate, preset,
+                    data=needs_data(out_dir / "sweep" / f"{name}.json"), **common,
+                )  # fmt: skip
+                if result is not None:
+                    swept.append(result)
+                bar.update(1)
+        finally:
+            bar.close()
+        swept = _gather(processes, swept)
+        if runs_mode and processes.is_main:
+            for result in swept:
+                path = out_dir / "sweep" / f"{result['run']}.json"
+                if not path.exists():
+                    _write_result(path, result)
+        if len(swept) < len(sweep):
+            return []  # stopped early (stop_after_steps): the runs need every sweep run
+    rates = chosen_learning_rates(out_dir, preset, pairs, sweeps=swept)
     results: list[dict] = []
-    show = progress and (main or (processes is not None and processes.mode == "runs"))
-    desc = f"{preset.name} comparison"
-    if processes is not None and processes.mode == "runs":
-        desc += f" (rank {processes.rank})"
-    bar = tqdm(mine, desc=desc, **({} if show else {"disable": True}))
+    bar = tqdm(total=len(runs), desc=f"{preset.name} comparison{rank_note}", disable=not show)
     try:
-        for objective, arm, seed in bar:
+        for objective, arm, seed in _mine(processes, runs, "runs"):
             name = run_name(objective, arm, seed)
             bar.set_postfix(run=name, refresh=True)
-            needs_data = force or not (out_dir / f"{name}.json").exists()
-            if needs_data and data is None:
-                data = _Data()
             result = run_one(
-                arm,
-                objective,
-                preset,
-                seed=seed,
-                out_dir=out_dir,
-                checkpoint_dir=checkpoint_dir,
-                force=force,
-                progress=show,
-                stop_after_steps=stop_after_steps,
-                threads=threads,
-                data=data,
-                processes=processes,
-            )
+                arm, objective, preset, seed=seed,
+                learning_rate=rates[objective, get_arm(arm).encoding],
+                data=needs_data(out_dir / f"{name}.json"), **common,
+            )  # fmt: skip
             if result is not None:
                 results.append(result)
+            bar.update(1)
     finally:
         bar.close()
-    if processes is not None and processes.mode == "runs":
-        results = _gather_runs(processes, runs, results, out_dir)
+    if runs_mode:
+        finished = {r["run"]: r for r in _gather(processes, results)}
+        results = [finished[run_name(*run)] for run in runs if run_name(*run) in finished]
+        if processes.is_main:
+            for result in results:
+                path = out_dir / f"{result['run']}.json"
+                if not path.exists():
+                    _write_result(path, result)
     if main and figures and results and len(results) == len(runs):
         write_report(out_dir, preset)
     return results
 
 
+# ---------------------------------------------------------------------------------------------
+# Speed, measured on its own
+# ---------------------------------------------------------------------------------------------
+
+
+def timing_pass(
+    preset: Preset | str,
+    out_dir: str | Path | None = None,
+    *,
+    arms: Sequence[str] | None = None,
+    objectives: Sequence[str] | None = None,
+    steps: int = 40,
+    repeats: int = 3,
+    threads: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Training speed of every (objective, arm), measured back to back in this process, apart
+    from the comparison's runs (which may share a busy machine): ``repeats`` times, ``steps``
+    training steps of a fresh model with the preset's batch and its base learning rate, the
+    tokens per second of each repeat (wall clock) and of the CPU time, with the machine's
+    1-minute load average before and after. Writes and returns ``<out_dir>/timing.json``."""
+    preset = choose_preset(preset) if isinstance(preset, str) else preset
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
+    arms = tuple(arms or preset.arm_names())
+    objectives = tuple(objectives or preset.objectives)
+    data = _Data(preset)
+    rows = []
+    from tqdm.auto import tqdm
+
+    todo = [
+        (o, a)
+        for o in objectives
+        for a in arms
+        if o == "clm" or not get_encoding(get_arm(a).encoding).causal_only
+    ]
+    with _torch_threads(threads if threads is not None else _threads(preset)):
+        for objective, arm in tqdm(todo, desc="timing", disable=not progress):
+            config = replace(
+                preset.train_config(objective), steps=steps, warmup_steps=0,
+                eval_every=steps, checkpoint_every=steps,
+            )  # fmt: skip
+            tokens = config.steps * config.batch_size * config.seq_len
+            wall, cpu, loads = [], [], [_load_average()]
+            for _ in range(repeats):
+                torch.manual_seed(0)
+                model = MiniBert(preset.model_config(arm, objective)).to(preset.device)
+                state = train_model(
+                    model, data.train, data.curve[:1], config, progress=False, desc="timing"
+                )
+                wall.append(tokens / state.train_seconds)
+                cpu.append(tokens / state.train_cpu_seconds)
+                loads.append(_load_average())
+            rows.append(
+                {
+                    "objective": objective,
+                    "arm": arm,
+                    "tokens_per_second": statistics.median(wall),
+                    "tokens_per_cpu_second": statistics.median(cpu),
+                    "repeats": wall,
+                    "load_average_1min": loads,
+                }
+            )
+    timing = {
+        "steps": steps,
+        "repeats": repeats,
+        "hardware": hardware_description(preset.device),
+        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "rows": rows,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_result(out_dir / "timing.json", timing)
+    return timing
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading back, and the report
+# ---------------------------------------------------------------------------------------------
+
+
 def write_report(out_dir: str | Path, preset: Preset | str) -> list[Path]:
     """Draw the figures and write ``summary.md`` in ``out_dir`` from every run of ``preset``
-    saved there (:func:`preset_results`); returns the files written."""
+    saved there (:func:`preset_results`, with the sweep, the timing pass and the log of the
+    sittings when present); returns the files written."""
     from course_lib.compare.figures import write_figures
 
     preset = choose_preset(preset) if isinstance(preset, str) else preset
@@ -576,39 +979,32 @@ def write_report(out_dir: str | Path, preset: Preset | str) -> list[Path]:
     saved = preset_results(out_dir, preset)
     written = write_figures(saved, out_dir)
     summary = out_dir / "summary.md"
-    summary.write_text(summary_markdown(saved), encoding="utf-8")
+    summary.write_text(
+        summary_markdown(saved, sweeps=sweep_results(out_dir, preset), folder=out_dir),
+        encoding="utf-8",
+    )
     return [*written, summary]
-
-
-def _gather_runs(
-    processes: Processes, runs: list[tuple[str, str, int]], mine: list[dict], out_dir: Path
-) -> list[dict]:
-    """``"runs"`` mode: wait for every process to finish its runs (a barrier that names a rank
-    that does not arrive within the timeout), collect every rank's results in ``runs`` order,
-    and on rank 0 write the results files it does not see."""
-    import datetime
-
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=processes.timeout_seconds)
-    dist.monitored_barrier(group=processes.objects, timeout=timeout, wait_all_ranks=True)
-    finished = {r["run"]: r for part in processes.all_gather(mine) for r in part}
-    ordered = [finished[run_name(*run)] for run in runs if run_name(*run) in finished]
-    if processes.is_main:
-        for result in ordered:
-            path = out_dir / f"{result['run']}.json"
-            if not path.exists():
-                _write_result(path, result)
-    return ordered
 
 
 def preset_results(out_dir: str | Path, preset: Preset | str) -> list[dict]:
     """The runs saved in ``out_dir`` (:func:`~course_lib.compare.results.load_results` order)
     that ``preset`` would make with its current configuration: the same identity (model,
-    budgets, probes, evaluation); results of any other configuration are left out."""
+    budgets, learning rate chosen by the saved sweep, probes, evaluation); results of any other
+    configuration are left out."""
     preset = choose_preset(preset) if isinstance(preset, str) else preset
-    return [
-        r
-        for r in load_results(out_dir)
-        if r.get("identity") == preset.identity(r["arm"], r["objective"], r["seed"])
-    ]
+    saved = load_results(out_dir)
+    sweeps = sweep_results(out_dir, preset)
+    rates: dict[tuple[str, str], float | None] = {}
+    for pair in {(r["objective"], r["encoding"]) for r in saved}:
+        try:
+            rates[pair] = chosen_learning_rates(out_dir, preset, [pair], sweeps=sweeps)[pair]
+        except FileNotFoundError:  # no complete sweep: no run of this pair is the preset's
+            rates[pair] = math.nan
+    kept = []
+    for r in saved:
+        rate = rates[r["objective"], r["encoding"]]
+        if not math.isnan(rate) and r.get("identity") == preset.identity(
+            r["arm"], r["objective"], r["seed"], rate
+        ):
+            kept.append(r)
+    return kept

@@ -1,42 +1,40 @@
-"""Reading the comparison's results in notebook 10: spreads, paired verdicts, checked claims.
+"""Reading the comparison's results in notebook 10: spreads, tested claims, checked prose.
 
-:class:`Reading` wraps the runs of :func:`course_lib.compare.load_results`. Every statement the
-notebook makes about them goes through :meth:`Reading.expect` (two arms, seed by seed) or
-:meth:`Reading.expect_value` (one arm against a threshold, every seed): it prints the numbers and
-raises an ``AssertionError`` if the committed results do not support the statement, so the
-notebook's prose cannot drift from its data. A difference is called only when every seed agrees
-on its sign (:class:`course_lib.compare.stats.Paired`), else it is "within noise".
+:class:`Reading` wraps the runs of :func:`course_lib.compare.load_results` and the verdicts of
+their family of claims (:func:`course_lib.compare.claims.judge`: every claim tested together,
+Holm-corrected). Every statement the notebook makes about a difference goes through
+:meth:`Reading.expect` (two arms), :meth:`Reading.expect_change` (a within-run difference against
+zero) or :meth:`Reading.expect_bound` (an arm beyond a value): each prints the estimate, its 95%
+interval and p-values, and raises an ``AssertionError`` if the verdict (or the magnitude the
+prose gives, ``between=``) is not what the committed results say. A claim that is not in the
+declared family (:data:`course_lib.compare.claims.QUESTIONS` and the ablations) is refused: Holm
+corrects for the claims that are declared, so a claim added in the notebook alone would escape
+the correction. :meth:`Reading.expect_every_seed` states a plain fact about the committed seeds
+(a theorem's consequence, such as exactly 1/2), not an inference.
+
+:func:`null_calls` simulates what the rules call when nothing is there, for the notebook's
+lesson on the sign rule and on Holm.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
-from course_lib.compare.stats import Spread, by_arm, metric, paired, spread
+from course_lib.compare.claims import Bound, Change, Difference, Verdict, judge
+from course_lib.compare.stats import METRICS, Paired, Spread, by_arm, holm, spread
 
-__all__ = ["Reading"]
-
-METRIC_NAMES = {
-    "val_loss": "val loss",
-    "bpb": "bits per byte",
-    "word_order": "word order",
-    "retrieval": "retrieval",
-    "tokens_per_second": "tokens/s",
-}
-
-
-def _name(metric_name: str) -> str:
-    if metric_name.startswith("bucket"):
-        return f"loss at bucket {metric_name[6:]}"
-    return METRIC_NAMES.get(metric_name, metric_name)
+__all__ = ["Reading", "null_calls"]
 
 
 class Reading:
-    """The committed runs, grouped by (objective, arm), with the checks the notebook makes."""
+    """The committed runs, grouped by (objective, arm), their verdicts, and the notebook's
+    checks."""
 
     def __init__(self, results: list[dict]) -> None:
         self.results = results
         self.runs = by_arm(results)
+        self.verdicts = judge(results)
         self.checked = 0
 
     def arms(self, objective: str, *, ablations: bool = False) -> list[str]:
@@ -54,36 +52,79 @@ class Reading:
         """Any quantity ``read(run)`` over the seeds of one arm."""
         return Spread({r["seed"]: read(r) for r in self.runs[objective, arm]})
 
-    def table(self, objective: str, metric_name: str, arms=None, digits: int = 3) -> None:
-        """Print ``metric`` for each arm: mean ± sd [min, max], sorted by the mean."""
+    def table(self, objective: str, metric_name: str, arms=None) -> None:
+        """Print ``metric`` for each arm: mean [95% interval] over seeds, sorted by the mean."""
+        digits = METRICS[metric_name].digits
         rows = []
         for arm in arms or self.arms(objective):
             value = self.spread(objective, arm, metric_name)
             if value is not None:
                 rows.append((value.mean, arm, value))
-        print(f"{objective}, {_name(metric_name)} (mean ± sd [min, max] over seeds):")
+        print(f"{objective}, {METRICS[metric_name].label} (mean [95% interval] over seeds):")
         for _, arm, value in sorted(rows):
-            print(
-                f"  {arm:18s} {value.text(digits)}  [{value.low:.{digits}f}, "
-                f"{value.high:.{digits}f}]"
-            )
+            print(f"  {arm:18s} {value.interval_text(digits)}")
 
-    def expect(self, objective: str, a: str, b: str, metric_name: str, verdict: str) -> None:
-        """Print ``a - b`` of ``metric`` seed by seed and assert its verdict (``"lower"``,
-        ``"higher"`` or ``"within noise"``)."""
-        diff = paired(self.results, objective, a, b, metric_name)
-        if diff is None:
-            raise AssertionError(f"no seed has {metric_name} for both {a} and {b} ({objective})")
-        digits = 2 if metric_name in ("word_order", "retrieval") else 3
-        print(f"{objective}: {a} - {b}, {_name(metric_name)}: {diff.text(digits)}")
-        if diff.verdict != verdict:
+    def verdict(self, claim) -> Verdict:
+        """The tested verdict of a declared claim (a KeyError says how to declare one)."""
+        if claim not in self.verdicts:
+            raise KeyError(
+                f"{claim} is not in the family of tested claims: declare it in "
+                "course_lib.compare.claims.QUESTIONS (Holm corrects only for declared claims), "
+                "or its arms have no runs with that metric"
+            )
+        return self.verdicts[claim]
+
+    def _check(self, claim, verdict: str, between: tuple[float, float] | None) -> Verdict:
+        tested = self.verdict(claim)
+        print(f"{claim.describe()}: {tested.text()}")
+        if tested.verdict != verdict:
             raise AssertionError(
-                f"the text says {a} is {verdict!r} than {b} on {metric_name} ({objective}); the "
-                f"results say {diff.verdict!r}: {diff.differences}"
+                f"the text says {verdict!r} for {claim.describe()}; the results say "
+                f"{tested.verdict!r} ({tested.text()})"
+            )
+        if between is not None and not between[0] <= tested.estimate <= between[1]:
+            raise AssertionError(
+                f"the text puts {claim.describe()} between {between[0]} and {between[1]}; the "
+                f"estimate is {tested.estimate:.4f}"
             )
         self.checked += 1
+        return tested
 
-    def expect_value(
+    def expect(
+        self,
+        objective: str,
+        a: str,
+        b: str,
+        metric_name: str,
+        verdict: str,
+        *,
+        between: tuple[float, float] | None = None,
+    ) -> Verdict:
+        """Print ``a - b`` of ``metric`` (paired over seeds) and assert its verdict
+        (``"lower"``, ``"higher"`` or ``"within noise"``) and, with ``between``, the range of
+        the mean difference the text states."""
+        return self._check(Difference(objective, a, b, metric_name), verdict, between)
+
+    def expect_change(
+        self,
+        objective: str,
+        arm: str,
+        metric_name: str,
+        verdict: str,
+        *,
+        between: tuple[float, float] | None = None,
+    ) -> Verdict:
+        """The same for a within-run difference (e.g. ``context_gain@7L``) against zero."""
+        return self._check(Change(objective, arm, metric_name), verdict, between)
+
+    def expect_bound(
+        self, objective: str, arm: str, metric_name: str, side: str, value: float, verdict: str
+    ) -> Verdict:
+        """The same for ``arm``'s mean of ``metric`` on ``side`` of ``value`` (verdict
+        ``side`` or ``"not shown"``)."""
+        return self._check(Bound(objective, arm, metric_name, side, value), verdict, None)
+
+    def expect_every_seed(
         self,
         objective: str,
         arm: str,
@@ -91,34 +132,34 @@ class Reading:
         read: Callable[[dict], float],
         holds: Callable[[float], bool],
     ) -> None:
-        """Print ``read(run)`` for every seed of ``arm`` and assert ``holds`` for each; ``what``
-        names the claim."""
+        """Print ``read(run)`` for every seed of ``arm`` and assert ``holds`` for each: a fact
+        about the committed runs (``what`` names it), for exact properties, not an inference
+        about seeds not run."""
         values = {r["seed"]: read(r) for r in self.runs[objective, arm]}
-        shown = ", ".join(f"seed {s}: {v:.3g}" for s, v in values.items())
+        shown = ", ".join(f"{v:.3g}" for v in values.values())
         ok = all(holds(v) for v in values.values())
-        print(f"{objective} {arm}: {what}: {shown} -> {'holds in every seed' if ok else 'FAILS'}")
+        print(f"{objective} {arm}: {what}: {shown} -> {'in every seed' if ok else 'FAILS'}")
         if not ok:
             raise AssertionError(f"{objective} {arm}: {what} does not hold: {values}")
         self.checked += 1
 
 
-def rise(bucket: int) -> Callable[[dict], float]:
-    """``run -> loss at position bucket ``bucket`` minus the loss at bucket 0``."""
-
-    def read(run: dict) -> float:
-        return metric(run, f"bucket{bucket}") - metric(run, "bucket0")
-
-    return read
-
-
-def length_rise(multiple: int) -> Callable[[dict], float]:
-    """``run -> loss at multiple x the training length minus at 1x`` (the same targets)."""
-
-    def read(run: dict) -> float:
-        by = {e["multiple"]: e for e in run["extrapolation"]}
-        return by[multiple]["loss"] - by[1]["loss"]
-
-    return read
-
-
-__all__ += ["length_rise", "rise"]
+def null_calls(seeds: int, trials: int, claims: int = 1, seed: int = 0) -> dict[str, float]:
+    """What each rule calls when nothing is there: ``trials`` simulated families of ``claims``
+    comparisons, each ``seeds`` paired differences drawn from N(0, 1) (no true difference).
+    Returns the fraction of families with at least one call by: the sign rule (every seed the
+    same sign), the paired t-test at 0.05 with no correction, and with Holm's correction. A
+    pure-Python generator, so every machine draws the same numbers."""
+    rng = random.Random(seed)
+    sign = plain = corrected = 0
+    for _ in range(trials):
+        family = [[rng.gauss(0.0, 1.0) for _ in range(seeds)] for _ in range(claims)]
+        sign += any(all(x > 0 for x in d) or all(x < 0 for x in d) for d in family)
+        p = [Paired(dict(enumerate(d))).p_value for d in family]
+        plain += any(q < 0.05 for q in p)
+        corrected += any(q < 0.05 for q in holm(p))
+    return {
+        "sign rule": sign / trials,
+        "t-test": plain / trials,
+        "t-test + Holm": corrected / trials,
+    }
