@@ -543,6 +543,7 @@ def probe_finetune(
     autocast_dtype: str | None = None,
     progress: bool = False,
     desc: str = "probe",
+    keep_model: bool = False,
 ) -> dict:
     """The probe protocol: fine-tune a copy of ``model`` on ``train_probe``, score ``eval_probe``.
 
@@ -558,9 +559,11 @@ def probe_finetune(
     * ``"answer_span"``: the language-model cross-entropy of the answer span over the vocabulary.
 
     Everything random is seeded, so every encoding gets the same examples in the same order.
-    Accuracy = fraction of held-out examples whose highest-scoring candidate is the answer.
+    Accuracy = fraction of held-out examples whose answer scores strictly above every other
+    candidate (:func:`course_lib.evaluate.probe_correct`: a tie is wrong).
 
-    Returns ``{"accuracy", "correct" (list of bool, one per eval example), "final_train_loss"}``.
+    Returns ``{"accuracy", "correct" (list of bool, one per eval example), "final_train_loss"}``
+    (and ``"model"``, the fine-tuned copy in eval mode, with ``keep_model``).
     """
     device = model_device(model)
     tuned = copy.deepcopy(model)
@@ -602,8 +605,11 @@ def probe_finetune(
                 bar.set_postfix(loss=f"{last_loss:.3f}", refresh=False)
         bar.close()
     correct = probe_correct(tuned, eval_probe, autocast_dtype=autocast_dtype)
-    return {
+    outcome = {
         "accuracy": float(correct.float().mean()),
         "correct": correct.tolist(),
         "final_train_loss": last_loss,
     }
+    if keep_model:
+        outcome["model"] = tuned.eval()
+    return outcome

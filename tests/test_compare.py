@@ -51,7 +51,7 @@ from course_lib.evaluate import (
 from course_lib.model import MiniBert
 from course_lib.registry import sequence_encodings
 from course_lib.teaching.comparison_reading import Reading
-from course_lib.teaching.stick_reach import load_model, noun_reach
+from course_lib.teaching.stick_reach import load_model, noun_reach, retrieval_reach
 from course_lib.train import (
     learning_rate_at,
     learning_rate_sum,
@@ -624,3 +624,19 @@ def test_the_masked_stick_leaves_no_gradient_on_the_subject_and_its_bias_restore
     fixed = noun_reach(load_model(models / "mlm_rse.stick_bias_s0.pt"), probe)["gradient"]
     assert stuck["subject"] < 1e-4 * stuck["answer_neighbours"]
     assert fixed["subject"] > 1e-2 * fixed["answer_neighbours"]
+
+
+def test_retrieval_reach_reads_the_attention_on_the_queried_symbol():
+    torch.manual_seed(0)
+    model = MiniBert(TINY.model_config("none", "clm")).eval()
+    with torch.no_grad():  # equal scores everywhere: softmax spreads the weight evenly
+        for layer in model.layers:
+            layer.attention.query.weight.zero_()
+    probe = PRESETS["cpu"].probes[1].make("eval")
+    reach = retrieval_reach(model, probe)
+    score_position = int(probe.answer_index[0]) - 1  # the "?" sees itself and every key before it
+    even = 1.0 / (score_position + 1)
+    for key in ("target", "other"):
+        assert torch.tensor(reach[key]) == pytest.approx(torch.full((2, 4), even), abs=1e-6)
+    with pytest.raises(ValueError, match="causal"):
+        retrieval_reach(MiniBert(TINY.model_config("none", "mlm")), probe)

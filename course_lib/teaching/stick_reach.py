@@ -7,8 +7,11 @@ left for the far ones, so the answer's position puts a vanishing weight on the n
 fine-tune gets no gradient through them. :func:`layer_attention_weights` reads each layer's
 weights off a trained :class:`~course_lib.model.MiniBert`; :func:`noun_reach` measures, on probe
 examples, the weight the answer puts on each noun and the gradient of the probe's loss that
-reaches the nouns' embeddings. :func:`export_model` / :func:`load_model` keep the weights of a
-comparison run (without its optimiser) small enough to commit.
+reaches the nouns' embeddings. :func:`retrieval_reach` measures the same kind of thing for the
+retrieval probe, after its fine-tune: how much attention the position that predicts the answer
+puts on the queried symbol, against the other symbols of the context.
+:func:`export_model` / :func:`load_model` keep the weights of a comparison run (without its
+optimiser) small enough to commit.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from course_lib.data import ProbeBatch
 from course_lib.evaluate import probe_inputs
 from course_lib.model import BertConfig, MiniBert
 
-__all__ = ["export_model", "layer_attention_weights", "load_model", "noun_reach"]
+__all__ = [
+    "export_model",
+    "layer_attention_weights",
+    "load_model",
+    "noun_reach",
+    "retrieval_reach",
+]
 
 
 def export_model(checkpoint: str | Path, model_config: dict, path: str | Path) -> Path:
@@ -137,20 +146,62 @@ def noun_reach(model: MiniBert, probe: ProbeBatch) -> dict:
     return {"weight": {k: v.tolist() for k, v in reach.items()}, "gradient": gradient}
 
 
+def retrieval_reach(model: MiniBert, probe: ProbeBatch) -> dict:
+    """On retrieval examples (``<context>@<p>?<answer>``), read causally: the attention weight
+    that the position predicting the answer (the ``?``) puts on the queried symbol
+    ``context[p]``, and the mean weight it puts on each other symbol of the context.
+
+    Returns ``{"target": [layers, heads], "other": [layers, heads]}`` (means over examples)."""
+    if model.config.objective != "clm":
+        raise ValueError("retrieval_reach reads a causal model (the probe is scored causally)")
+    inputs, _, score_index = probe_inputs(probe, "clm")
+    context = probe.texts[0].index("@")
+    weights = layer_attention_weights(model, inputs)
+    rows = torch.arange(len(probe))
+    targets, others = [], []
+    for w in weights:  # [N, H, S, S]
+        at = w[rows, :, score_index, :context]  # [N, H, context]
+        hit = at[rows, :, probe.target_position]  # [N, H]
+        rest = (at.sum(-1) - hit) / (context - 1)
+        targets.append(hit.mean(0))
+        others.append(rest.mean(0))
+    return {"target": torch.stack(targets).tolist(), "other": torch.stack(others).tolist()}
+
+
 #: The comparison runs whose weights notebook 10 reads (``figures/compare_cpu/models/``).
-NOTEBOOK_RUNS = ("mlm_rse_s0", "mlm_rope_s0", "mlm_rse.stick_bias_s0", "clm_fox_s0")
+NOTEBOOK_RUNS = ("mlm_rse_s0", "mlm_rope_s0", "mlm_rse.stick_bias_s0", "mlm_t5_s0", "clm_fox_s0")
+
+#: The causal runs whose retrieval fine-tune :func:`main` measures with
+#: :func:`retrieval_reach` (the result goes to ``models/retrieval_reach.json``).
+RETRIEVAL_RUNS = ("clm_rope_s0", "clm_exposb_s0", "clm_alibi_s0", "clm_t5_s0", "clm_fox_s0")
 
 
 def main() -> None:
     """``python -m course_lib.teaching.stick_reach``: after ``python -m course_lib.compare
     --preset cpu``, copy the weights of :data:`NOTEBOOK_RUNS` from their checkpoints into
-    ``figures/compare_cpu/models/`` and print what :func:`noun_reach` finds in them."""
+    ``figures/compare_cpu/models/`` and print what :func:`noun_reach` finds in them; then
+    fine-tune each of :data:`RETRIEVAL_RUNS` on the retrieval probe as the comparison does
+    (its first fine-tune seed) and write what :func:`retrieval_reach` finds to
+    ``models/retrieval_reach.json``."""
     import json
+    from dataclasses import replace
 
     from course_lib.compare import PRESETS, default_out_dir
+    from course_lib.train import probe_finetune
 
     folder = default_out_dir("cpu")
-    probe = PRESETS["cpu"].probes[0].make("eval")
+    preset = PRESETS["cpu"]
+    probe = preset.probes[0].make("eval")
+    torch.set_num_threads(preset.cpu_threads or torch.get_num_threads())
+
+    def model_of(run: str) -> MiniBert:
+        result = json.loads((folder / f"{run}.json").read_text(encoding="utf-8"))
+        saved = torch.load(folder / "checkpoints" / f"{run}.pt", map_location="cpu",
+                           weights_only=True)  # fmt: skip
+        model = MiniBert(BertConfig(**result["identity"]["model_config"]))
+        model.load_state_dict(saved["model"])
+        return model.eval()
+
     for run in NOTEBOOK_RUNS:
         result = json.loads((folder / f"{run}.json").read_text(encoding="utf-8"))
         path = export_model(
@@ -160,6 +211,22 @@ def main() -> None:
         )
         reach = noun_reach(load_model(path), probe)
         print(f"{path}: gradient {reach['gradient']}")
+    spec = next(p for p in preset.probes if p.task == "retrieval")
+    train_probe, eval_probe = spec.make("train"), spec.make("eval")
+    found = {}
+    for run in RETRIEVAL_RUNS:
+        config = replace(spec.finetune, seed=spec.finetune_seeds[0])
+        outcome = probe_finetune(model_of(run), train_probe, eval_probe, config, keep_model=True)
+        found[run] = {
+            "accuracy": outcome["accuracy"],
+            "finetune": {"seed": config.seed, "steps": config.steps},
+            **retrieval_reach(outcome["model"], eval_probe),
+        }
+        best = max(max(layer) for layer in found[run]["target"])
+        print(f"{run}: accuracy {outcome['accuracy']:.3f}, largest weight on the target {best:.3f}")
+    path = folder / "models" / "retrieval_reach.json"
+    path.write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
