@@ -909,7 +909,8 @@ def timing_pass(
     from the comparison's runs (which may share a busy machine): ``repeats`` times, ``steps``
     training steps of a fresh model with the preset's batch and its base learning rate, the
     tokens per second of each repeat (wall clock) and of the CPU time, with the machine's
-    1-minute load average before and after. Writes and returns ``<out_dir>/timing.json``."""
+    1-minute load average before and after each. Writes and returns ``<out_dir>/timing.json``,
+    keeping the rows of arms it did not time (an arm added later is timed alone)."""
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
     arms = tuple(arms or preset.arm_names())
@@ -949,18 +950,32 @@ def timing_pass(
                     "tokens_per_cpu_second": statistics.median(cpu),
                     "repeats": wall,
                     "load_average_1min": loads,
+                    "when": _now(),
                 }
             )
+    path = out_dir / "timing.json"
+    timed = {(row["objective"], row["arm"]) for row in rows}
+    kept = []
+    if path.exists():
+        kept = [
+            row
+            for row in json.loads(path.read_text(encoding="utf-8"))["rows"]
+            if (row["objective"], row["arm"]) not in timed
+        ]
     timing = {
         "steps": steps,
         "repeats": repeats,
         "hardware": hardware_description(preset.device),
-        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "rows": rows,
+        "when": _now(),
+        "rows": kept + rows,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_result(out_dir / "timing.json", timing)
+    _write_result(path, timing)
     return timing
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ Holm-corrected). Every statement the notebook makes about a difference goes thro
 zero) or :meth:`Reading.expect_bound` (an arm beyond a value): each prints the estimate, its 95%
 interval and p-values, and raises an ``AssertionError`` if the verdict (or the magnitude the
 prose gives, ``between=``) is not what the committed results say. A claim that is not in the
-declared family (:data:`course_lib.compare.claims.QUESTIONS` and the ablations) is refused: Holm
+declared family (:func:`course_lib.compare.claims.questions` and the ablations) is refused: Holm
 corrects for the claims that are declared, so a claim added in the notebook alone would escape
 the correction. :meth:`Reading.expect_every_seed` states a plain fact about the committed seeds
 (a theorem's consequence, such as exactly 1/2), not an inference.
@@ -69,7 +69,7 @@ class Reading:
         if claim not in self.verdicts:
             raise KeyError(
                 f"{claim} is not in the family of tested claims: declare it in "
-                "course_lib.compare.claims.QUESTIONS (Holm corrects only for declared claims), "
+                "course_lib.compare.claims.questions (Holm corrects only for declared claims), "
                 "or its arms have no runs with that metric"
             )
         return self.verdicts[claim]
