@@ -298,7 +298,7 @@ def _wait(launch: subprocess.Popen, seconds: float) -> int:
 # checkpoint appears.
 LONG_RUN = ["--preset", "cpu", "--encodings", "none", "--ablations", "none", "--seeds", "0"]
 LONG_RUN += ["--objectives", "mlm", "--no-figures"]
-FIRST_RATE = min(PRESETS["cpu"].learning_rates)
+FIRST_RATE = PRESETS["cpu"].rates("mlm")[0]
 LONG_CHECKPOINT = Path("checkpoints") / "sweep" / f"mlm_none_lr{FIRST_RATE:g}.pt"
 
 

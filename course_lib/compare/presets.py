@@ -126,9 +126,10 @@ class Preset:
     """Everything that defines a comparison except the list of runs.
 
     Training: ``train`` (``mlm_steps`` replaces its steps for the masked runs); the learning rate
-    of an arm's runs is chosen per encoding from ``learning_rates`` by a sweep (one run per rate
-    at ``sweep_seed``, scored on the selection split; :mod:`course_lib.compare.runner`), or is
-    ``train.learning_rate`` when ``learning_rates`` is empty. Evaluation (on the test split of
+    of an arm's runs is chosen per encoding from ``learning_rates`` (``mlm_learning_rates`` for
+    the masked runs, when given) by a sweep (one run per rate at ``sweep_seed``, scored on the
+    selection split; :mod:`course_lib.compare.runner`), or is ``train.learning_rate`` when the
+    grid is empty. Evaluation (on the test split of
     :func:`course_lib.data.comparison_splits` with ``select_fraction``, ``test_fraction`` and
     ``ngram``): every window of the training length (at most ``eval_windows``), masked runs
     over ``mask_draws`` mask draws; windows of ``long_multiple`` times the training length (at
@@ -153,6 +154,7 @@ class Preset:
     seeds: tuple[int, ...] = (0,)  # one run per seed (the training seed: init and data order)
     ablations: tuple[str, ...] = ()  # names of course_lib.compare.arms.ABLATIONS to run too
     learning_rates: tuple[float, ...] = ()  # the sweep's rates (empty: train.learning_rate)
+    mlm_learning_rates: tuple[float, ...] | None = None  # the mlm runs' (None: learning_rates)
     sweep_seed: int = 1000  # the seed of the sweep's runs (never one of ``seeds``)
     select_fraction: float = 0.06
     test_fraction: float = 0.12
@@ -194,10 +196,16 @@ class Preset:
         """The arms a comparison of this preset trains: its encodings, then its ablations."""
         return (*self.encoding_names(), *self.ablations)
 
+    def rates(self, objective: str) -> tuple[float, ...]:
+        """The sweep's grid for ``objective``'s runs (empty: no sweep)."""
+        if objective == "mlm" and self.mlm_learning_rates is not None:
+            return tuple(self.mlm_learning_rates)
+        return tuple(self.learning_rates)
+
     @property
     def swept(self) -> bool:
         """Whether the learning rate is chosen by a sweep (else ``train.learning_rate``)."""
-        return len(self.learning_rates) > 0
+        return any(self.rates(o) for o in self.objectives)
 
     def train_config(
         self, objective: str, seed: int = 0, learning_rate: float | None = None
@@ -350,7 +358,8 @@ PRESETS: dict[str, Preset] = {
         description=(
             "a small model (hidden 64, 2 layers, 4 heads of 16, sequence 64; 300 steps for clm, "
             "1000 for mlm, batch 16; the learning rate of each encoding from a sweep of "
-            "1.5e-3, 3e-3 and 6e-3) with the reference attention on one CPU thread"
+            "1.5e-3, 3e-3 and 6e-3, and 7.5e-4 too for mlm) with the reference attention on one "
+            "CPU thread"
         ),
         device="cpu",
         hidden_size=64,
@@ -388,6 +397,9 @@ PRESETS: dict[str, Preset] = {
         seeds=(0, 1, 2, 3, 4, 5),
         ablations=_ALL_ABLATIONS,
         learning_rates=(1.5e-3, 3e-3, 6e-3),
+        # the masked runs' first sweep chose the smallest rate for every encoding (rope: 1.84 at
+        # 1.5e-3, 2.17 at 3e-3, 2.60 at 6e-3), so their grid reaches one step lower
+        mlm_learning_rates=(7.5e-4, 1.5e-3, 3e-3, 6e-3),
     ),
     "tiny": Preset(
         name="tiny",

@@ -268,8 +268,8 @@ def _sweep_section(results: list[dict], sweeps: list[dict]) -> list[str]:
         "",
         f"Each encoding trained once per rate at seed {sweeps[0]['seed']} (a seed the report "
         "does not score), scored on the selection split; the rate with the lowest loss (bold) "
-        "trains every seed of the encoding and of its ablations. A rate at the edge of the "
-        "grid is marked: the best rate may lie beyond it.",
+        "trains every seed of the encoding and of its ablations. A rate at the edge of its "
+        "objective's grid is marked: the best rate may lie beyond it.",
         "",
         "| objective | encoding | " + " | ".join(f"lr {_rate(x)}" for x in rates) + " | chosen |",
         "|---|---|" + "---|" * (len(rates) + 1),
@@ -284,7 +284,7 @@ def _sweep_section(results: list[dict], sweeps: list[dict]) -> list[str]:
             loss = row.get(rate)
             text = "n/a" if loss is None else f"{loss:.3f}"
             cells.append(f"**{text}**" if rate == pick else text)
-        edge = pick is not None and pick in (rates[0], rates[-1])
+        edge = pick is not None and pick in (min(row), max(row))
         pick_text = "n/a" if pick is None else _rate(pick) + (" (edge)" if edge else "")
         lines.append(f"| {objective} | {encoding} | " + " | ".join(cells) + f" | {pick_text} |")
     return lines + [""]

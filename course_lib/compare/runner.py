@@ -1,6 +1,6 @@
 """The comparison runner: the learning-rate sweep, every (arm, objective, seed) run, a timing pass.
 
-A comparison of a preset with a learning-rate grid (``Preset.learning_rates``) has two stages:
+A comparison of a preset with a learning-rate grid (``Preset.rates(objective)``) has two stages:
 
 1. **The sweep** (:func:`run_sweep_one`): every encoding trained once per rate of the grid with
    the seed ``Preset.sweep_seed`` (never a seed the report scores) and scored on the
@@ -356,9 +356,11 @@ def sweep_results(out_dir: str | Path, preset: Preset | str) -> list[dict]:
 
 
 def _belongs(sweep: dict, preset: Preset) -> bool:
-    """Whether a sweep results dict is one ``preset`` would make now (an encoding that is no
-    longer registered makes none)."""
+    """Whether a sweep results dict is one ``preset`` would make now: a rate of its grid, the
+    same configuration (an encoding that is no longer registered makes none)."""
     try:
+        if sweep["learning_rate"] not in preset.rates(sweep["objective"]):
+            return False
         expected = preset.sweep_identity(
             sweep["encoding"], sweep["objective"], sweep["learning_rate"]
         )
@@ -373,7 +375,7 @@ def chosen_learning_rates(
     pairs: Sequence[tuple[str, str]] | None = None,
     sweeps: list[dict] | None = None,
 ) -> dict[tuple[str, str], float]:
-    """``{(objective, encoding): rate}``: for each pair, the rate of ``preset.learning_rates``
+    """``{(objective, encoding): rate}``: for each pair, the rate of ``preset.rates(objective)``
     whose sweep run has the lowest selection loss (a run that diverged, with a non-finite loss,
     never wins; on a tie the smaller rate). ``pairs`` default to every pair with sweep runs.
     Without a grid every pair gets ``train.learning_rate``. Raises FileNotFoundError naming the
@@ -387,12 +389,10 @@ def chosen_learning_rates(
         ]
     if pairs is None:
         pairs = sorted(table)
-    if not preset.swept:
-        return {pair: preset.train.learning_rate for pair in pairs}
     missing = [
         sweep_name(o, e, rate)
         for o, e in pairs
-        for rate in preset.learning_rates
+        for rate in preset.rates(o)
         if rate not in table.get((o, e), {})
     ]
     if missing:
@@ -402,7 +402,11 @@ def chosen_learning_rates(
         )
     chosen = {}
     for pair in pairs:
-        losses = table[pair]
+        if not preset.rates(pair[0]):
+            chosen[pair] = preset.train.learning_rate
+            continue
+        grid = preset.rates(pair[0])
+        losses = {rate: loss for rate, loss in table[pair].items() if rate in grid}
         finite = [(loss, rate) for rate, loss in losses.items() if math.isfinite(loss)]
         if not finite:
             raise ValueError(f"every sweep run of {pair} diverged: {losses}")
@@ -816,7 +820,10 @@ def run_comparison(
 
     runs = [(o, a, s) for s in seeds for o in objectives for a in arms if trains(o, a)]
     pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
-    sweep = [(o, e, rate) for o, e in pairs for rate in preset.learning_rates]
+    # the sweep's causal runs first: they are the cheap ones
+    sweep = sorted(
+        ((o, e, rate) for o, e in pairs for rate in preset.rates(o)), key=lambda x: x[0] != "clm"
+    )
     main = processes is None or processes.is_main
     runs_mode = processes is not None and processes.mode == "runs"
     show = progress and (main or runs_mode)
