@@ -132,7 +132,9 @@ def test_two_processes_end_where_one_ends_and_write_one_file(reference, tmp_path
         )
     )
     assert out.count("finished run(s)") == 1  # rank 0 alone reports
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["clm_none_s0.json"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["clm_none_s0.json", "sessions.json"]
+    (sitting,) = json.loads((tmp_path / "sessions.json").read_text())  # rank 0 logged it once
+    assert (sitting["processes"], sitting["parallel_mode"]) == (2, "data")
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt")) == ["clm_none_s0.pt"]
     assert not list(tmp_path.rglob("*.tmp"))
     result = json.loads((tmp_path / "clm_none_s0.json").read_text())
@@ -165,7 +167,7 @@ def test_a_run_resumes_with_more_processes_than_wrote_its_checkpoint(tmp_path):
     run_one("none", "mlm", TINY, out_dir=mixed, progress=False, stop_after_steps=20)  # 1: 1-20
     args = ["--preset", "tiny", "--encodings", "none", "--objectives", "mlm", "--out", str(mixed)]
     _check(_torchrun([*args, "--stop-after-steps", "30"]))  # 2 processes: steps 21-30
-    assert not list(mixed.glob("*.json"))
+    assert not list(mixed.glob("mlm_*.json"))
     saved = load_checkpoint(mixed / "checkpoints" / "mlm_none_s0.pt")
     state = saved["state"]
     assert (state["step"], state["segments"], state["processes"]) == (30, 2, [1, 2])
