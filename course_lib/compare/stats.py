@@ -248,7 +248,7 @@ def _learned(name: str, pick: Callable[[list[float]], float]) -> Callable[[dict]
 
 def _metrics() -> dict[str, Metric]:
     metrics = [
-        Metric("val_loss", "val loss", "loss", _evaluation("val"), _evaluation_units("val")),
+        Metric("val_loss", "test loss", "loss", _evaluation("val"), _evaluation_units("val")),
         Metric(
             "bpb",
             "bits per byte",
