@@ -3,10 +3,11 @@
     python -m course_lib.classroom.timings [notebooks/NN_name.ipynb ...]
 
 Each notebook runs in a fresh ``python3`` kernel, as the test run does (worked solutions,
-figures to a temporary folder, nothing written back). Its run time is the sum of its cells'
-execution times (from the kernel's ``execute_input`` to its ``execute_reply``), so kernel start-up
-and the runner's own waits are not counted. The results, with the machine's core count and load
-average, go to ``notebooks/guides/timings.json``, which the course map reads.
+figures to a temporary folder, nothing written back). Its run time is the sum of its code
+cells' run times (from sending a cell to the kernel's reply), so kernel start-up is not counted.
+The results, with the machine's core count and the load average while each ran (other work on
+the machine slows a run down), go to ``notebooks/guides/timings.json``, which the course map
+reads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 import platform
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -26,35 +26,38 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO_ROOT / "notebooks"
 TIMINGS_FILE = NOTEBOOKS / "guides" / "timings.json"
 
-__all__ = ["TIMINGS_FILE", "cell_seconds", "measure", "read_timings"]
+__all__ = ["TIMINGS_FILE", "measure", "read_timings"]
 
 
-def _stamp(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def cell_seconds(cell: dict) -> float:
-    """Seconds between a code cell's ``iopub.execute_input`` and ``shell.execute_reply`` (the
-    timing nbclient records with ``record_timing=True``)."""
-    timing = cell.get("metadata", {}).get("execution", {})
-    if "iopub.execute_input" not in timing or "shell.execute_reply" not in timing:
-        raise ValueError(f"cell {cell.get('id')!r} has no recorded execution timing")
-    started = _stamp(timing["iopub.execute_input"])
-    return (_stamp(timing["shell.execute_reply"]) - started).total_seconds()
-
-
-def measure(path: Path, timeout: int = 600) -> float:
-    """Run the notebook at ``path`` once and return the sum of its cells' run times (s)."""
+def measure(path: Path, timeout: float = 600.0) -> float:
+    """Run the notebook at ``path`` once in a fresh kernel and return the sum of its code cells'
+    run times (s): each from sending the cell to the kernel's reply, which follows its last
+    output. (``jupyter_client`` directly: nbclient can wait out its timeout after a widget cell.)"""
     import nbformat
-    from nbclient import NotebookClient
+    from jupyter_client.manager import start_new_kernel
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", record_timing=True,
-        resources={"metadata": {"path": str(path.parent)}},
-    )  # fmt: skip
-    client.execute()
-    return sum(cell_seconds(c) for c in nb.cells if c.cell_type == "code" and c.source.strip())
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(path.parent))
+    try:
+        total = 0.0
+        for cell in nb.cells:
+            if cell.cell_type != "code" or not cell.source.strip():
+                continue
+            started = time.perf_counter()
+            reply = client.execute_interactive(
+                cell.source, store_history=False, timeout=timeout, output_hook=lambda msg: None
+            )
+            total += time.perf_counter() - started
+            if reply["content"]["status"] != "ok":
+                content = reply["content"]
+                raise RuntimeError(
+                    f"{path.name} cell {cell.get('id')!r} failed: "
+                    f"{content.get('ename')}: {content.get('evalue')}"
+                )
+        return total
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
 
 
 def read_timings() -> dict:
