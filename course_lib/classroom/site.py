@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from course_lib.classroom.course_map import CHAPTERS, EXPLORER_CALL, render
+from course_lib.classroom.slides import load_spec, planned_types
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SITE_SOURCES = REPO_ROOT / "site"
@@ -33,7 +34,7 @@ GUIDES = NOTEBOOKS / "guides"
 COMPARISON = REPO_ROOT / "figures" / "compare_cpu" / "summary.md"
 DEFAULT_OUT = REPO_ROOT / "build" / "site"
 
-__all__ = ["DEFAULT_OUT", "build", "explorer_note", "stage", "stage_notebook"]
+__all__ = ["DEFAULT_OUT", "build", "deck_omissions", "explorer_note", "stage", "stage_notebook"]
 
 LIVE_NOTE = """\
 :::{{note}}
@@ -149,6 +150,25 @@ sections; what it skips is listed in the guide.
 """
 
 
+def deck_omissions(stem: str, spec: dict) -> str:
+    """A guide's closing section, from the slide plan: the cells the deck leaves out (``skip``)
+    or moves to the speaker notes (``notes``), by their first line."""
+    nb = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text())
+    lines = []
+    types = planned_types(nb, spec.get(stem, {}), stem)
+    for cell, slide_type in zip(nb["cells"], types, strict=True):
+        if slide_type in ("skip", "notes"):
+            first = next((x.strip() for x in "".join(cell["source"]).splitlines() if x.strip()), "")
+            first = first if len(first) <= 90 else first[:87] + "..."
+            where = "left out" if slide_type == "skip" else "speaker notes"
+            lines.append(f"- {where}: {cell['cell_type']} cell `{cell['id']}`: `{first}`")
+    body = "\n".join(lines) or "- nothing: every cell is on a slide"
+    return (
+        "\n\n## What the deck leaves out\n\nFrom `notebooks/slides.yaml` (the notebook keeps "
+        f"every cell):\n\n{body}\n"
+    )
+
+
 def stage(staging: Path) -> dict:
     """Write the site's sources into ``staging`` (emptied first); returns counts."""
     if staging.exists():
@@ -180,11 +200,12 @@ def stage(staging: Path) -> dict:
     )
     guides = staging / "guides"
     guides.mkdir()
-    names = []
+    names, spec = [], load_spec()
     for chapter in CHAPTERS:
         guide = GUIDES / f"{chapter.stem}.md"
         if guide.exists():
-            shutil.copy(guide, guides / guide.name)
+            text = guide.read_text().rstrip("\n") + deck_omissions(chapter.stem, spec)
+            (guides / guide.name).write_text(text)
             names.append(chapter.stem)
     counts["guides"] = len(names)
     (guides / "index.md").write_text(GUIDES_INDEX.format(guides="\n".join(names)))
