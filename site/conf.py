@@ -3,17 +3,18 @@
 The builder copies this folder, the executed notebooks, the course map, the comparison's tables
 and the instructor's guides into a staging folder and runs Sphinx there; nothing is executed.
 
-Why Sphinx with myst-nb rather than jupyter-book: jupyter-book 2 is built on mystmd, a Node.js
-program, which would add Node to a course that needs only Python; jupyter-book 1 is Sphinx and
-myst-nb underneath. Sphinx and myst-nb install from PyPI with the rest of requirements.txt, read
-the stored outputs of the notebooks (no kernel), and write plain HTML whose search (a JavaScript
-index in a file) works from a folder opened from disk.
+Why Sphinx with myst-nb rather than jupyter-book: jupyter-book 2 is a distribution of mystmd, a
+Node.js program, so it needs Node at run time (and fetches one through nodeenv where none is
+installed): a second toolchain, and a download, for a course that needs only Python.
+jupyter-book 1 is Sphinx and myst-nb underneath, with its own configuration layer on top. Sphinx
+and myst-nb install from PyPI with the rest of requirements.txt, read the stored outputs of the
+notebooks (no kernel), and write plain HTML whose search (a JavaScript index in a file) works from
+a folder opened from disk.
 
 Math is typeset by MathJax 3's SVG build (`tex-svg.js`, from the `django-static-mathjax`
 package, which ships MathJax's own files and depends on nothing), copied into the site: no
-request leaves the page. The SVG output draws glyphs from paths inside the script, so no web
-font has to load; MathJax 2 (`jupyter-server-mathjax`, used by JupyterLab's RISE slides) renders
-with web fonts.
+request leaves the page. The SVG output draws its glyphs from paths inside the script, so no web
+font has to load (a page opened from disk may be refused fonts from disk).
 """
 
 import shutil

@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,22 +147,25 @@ def render(link_prefix: str = "notebooks/", suffix: str = ".ipynb") -> str:
         )
     machine = timings["machine"]
     loads = timings.get("load_average_1min", {}).values()
-    load_note = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    load_note = f", load average {min(loads):.1f}-{max(loads):.1f} while they ran" if loads else ""
     return "\n".join(
         [
-            "| # | chapter | assumes | you will | run time (measured) | reading and exercises "
+            "| # | chapter | assumes | goals | run time (measured) | reading and exercises "
             "(estimate) |",
             "|---|---|---|---|---|---|",
             *rows,
             "",
             PATHS,
             "",
-            f"*Run time*: Run All on a {machine['cpu_cores']}-core CPU without a GPU, measured by "
-            f"`python -m course_lib.classroom.timings` ({machine['measured']}; a shared machine"
-            f"{load_note}, so a quiet laptop is likely faster). *Reading and exercises*: an estimate, "
-            f"not a measurement: the notebook's prose at {WORDS_PER_MINUTE} words a minute, "
-            f"{MINUTES_PER_EXERCISE} minutes per exercise, {MINUTES_PER_EXPLORER} per explorer, "
-            "rounded up to 5 minutes.",
+            textwrap.fill(
+                f"*Run time*: Run All on a {machine['cpu_cores']}-core CPU without a GPU, the "
+                f"fastest of the runs of `python -m course_lib.classroom.timings` "
+                f"({machine['measured']}; a shared machine{load_note}, so a quiet laptop is likely "
+                "faster). *Reading and exercises*: an estimate, not a measurement: the notebook's "
+                f"prose at {WORDS_PER_MINUTE} words a minute, {MINUTES_PER_EXERCISE} minutes per "
+                f"exercise, {MINUTES_PER_EXPLORER} per explorer, rounded up to 5 minutes.",
+                width=100,
+            ),
         ]
     )
 

@@ -34,8 +34,15 @@ SPEC_FILE = NOTEBOOKS / "slides.yaml"
 COMMAND = "python -m course_lib.classroom.slides"
 
 SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "skip", "notes")
-# Long slides scroll instead of being cut off; the deck starts at the first cell.
-RISE_OPTIONS = {"scroll": True, "start_slideshow_at": "beginning"}
+# Long slides scroll instead of being cut off; the deck starts at the first cell and changes slide
+# without an animation. Reveal.js's "white" theme ships its fonts (the default "simple" theme
+# fetches them from the web).
+RISE_OPTIONS = {
+    "scroll": True,
+    "start_slideshow_at": "beginning",
+    "theme": "white",
+    "transition": "none",
+}
 
 __all__ = [
     "COMMAND",
