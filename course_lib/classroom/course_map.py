@@ -6,8 +6,9 @@
 The same map opens the static site (:mod:`course_lib.classroom.site`). What each chapter assumes
 and its goals are written here by hand; the times come from the notebooks:
 
-* **run time**: measured, the sum of the code cells' run times on a 2-core CPU
-  (``notebooks/guides/timings.json``, written by ``python -m course_lib.classroom.timings``);
+* **run time**: measured, the CPU time of a Run All on a 2-core CPU
+  (``notebooks/guides/timings.json``, written by ``python -m course_lib.classroom.timings``, which
+  says why CPU time and not wall-clock time on a shared machine);
 * **reading and exercises**: an *estimate*, computed from the notebook: its prose at
   :data:`WORDS_PER_MINUTE` words a minute (slow, for text with formulas), plus
   :data:`MINUTES_PER_EXERCISE` per exercise and :data:`MINUTES_PER_EXPLORER` per explorer, rounded
@@ -104,7 +105,8 @@ def _notebook(stem: str) -> dict:
 
 
 def chapter_times(stem: str, timings: dict | None = None) -> dict:
-    """``{"run_s": measured seconds, "estimate_min": reading + exercises + explorers}``."""
+    """``{"cpu_s": measured CPU seconds of a Run All, "estimate_min": reading + exercises +
+    explorers, "exercises", "explorers"}``."""
     timings = read_timings() if timings is None else timings
     if stem not in timings["notebooks"]:
         raise KeyError(
@@ -122,7 +124,7 @@ def chapter_times(stem: str, timings: dict | None = None) -> dict:
         + explorers * MINUTES_PER_EXPLORER
     )
     return {
-        "run_s": timings["notebooks"][stem],
+        "cpu_s": timings["notebooks"][stem]["cpu_s"],
         "estimate_min": 5 * math.ceil(minutes / 5),
         "exercises": exercises,
         "explorers": explorers,
@@ -143,14 +145,12 @@ def render(link_prefix: str = "notebooks/", suffix: str = ".ipynb") -> str:
         assumes = ", ".join(chapter.assumes) or "PyTorch basics"
         rows.append(
             f"| {chapter.number} | {link} | {assumes} | {chapter.goals} | "
-            f"{_run_time(t['run_s'])} | ~{t['estimate_min']} min |"
+            f"{_run_time(t['cpu_s'])} | ~{t['estimate_min']} min |"
         )
     machine = timings["machine"]
-    loads = timings.get("load_average_1min", {}).values()
-    load_note = f", load average {min(loads):.1f}-{max(loads):.1f} while they ran" if loads else ""
     return "\n".join(
         [
-            "| # | chapter | assumes | goals | run time (measured) | reading and exercises "
+            "| # | chapter | assumes | goals | Run All, CPU time (measured) | reading and exercises "
             "(estimate) |",
             "|---|---|---|---|---|---|",
             *rows,
@@ -158,10 +158,12 @@ def render(link_prefix: str = "notebooks/", suffix: str = ".ipynb") -> str:
             PATHS,
             "",
             textwrap.fill(
-                f"*Run time*: Run All on a {machine['cpu_cores']}-core CPU without a GPU, the "
-                f"fastest of the runs of `python -m course_lib.classroom.timings` "
-                f"({machine['measured']}; a shared machine{load_note}, so a quiet laptop is likely "
-                "faster). *Reading and exercises*: an estimate, not a measurement: the notebook's "
+                f"*Run All*: the CPU time of the notebook's kernel for a Run All on a "
+                f"{machine['cpu_cores']}-core CPU without a GPU, the lowest of the runs of "
+                f"`python -m course_lib.classroom.timings` ({machine['measured']}). The machine "
+                "was shared, which stretches wall-clock time far more than CPU time; on an idle "
+                "machine a Run All takes about this long or less (PyTorch uses both cores in "
+                "places). *Reading and exercises*: an estimate, not a measurement: the notebook's "
                 f"prose at {WORDS_PER_MINUTE} words a minute, {MINUTES_PER_EXERCISE} minutes per "
                 f"exercise, {MINUTES_PER_EXPLORER} per explorer, rounded up to 5 minutes.",
                 width=100,

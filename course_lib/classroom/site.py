@@ -43,8 +43,8 @@ open `notebooks/{name}` there and run the notebook ([Run it live](index.md#run-i
 :::"""
 
 
-def explorer_note(notebook_name: str, has_figure: bool) -> dict:
-    """The markdown cell that stands in for an explorer's widgets on the site."""
+def explorer_note(notebook_name: str, has_figure: bool, cell_id: str) -> dict:
+    """The markdown cell (id ``cell_id``) that stands in for an explorer's widgets on the site."""
     figure = (
         "The figure just above is this explorer at one setting."
         if has_figure
@@ -52,7 +52,7 @@ def explorer_note(notebook_name: str, has_figure: bool) -> dict:
     )
     return {
         "cell_type": "markdown",
-        "id": "",  # set by the caller, unique in the notebook
+        "id": cell_id,
         "metadata": {},
         "source": LIVE_NOTE.format(figure=figure, name=notebook_name),
     }
@@ -74,9 +74,8 @@ def stage_notebook(source: Path, target: Path) -> int:
             explorers += 1
             cell["outputs"] = []
             code_above = [c for c in cells[:-1] if c["cell_type"] == "code"]
-            note = explorer_note(source.name, bool(code_above) and _has_image(code_above[-1]))
-            note["id"] = f"{cell.get('id', 'cell')}-site-note"
-            cells.append(note)
+            has_figure = bool(code_above) and _has_image(code_above[-1])
+            cells.append(explorer_note(source.name, has_figure, f"{cell['id']}-site-note"))
     nb["cells"] = cells
     target.write_text(json.dumps(nb, ensure_ascii=False))
     return explorers
