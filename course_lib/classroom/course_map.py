@@ -35,7 +35,8 @@ WORDS_PER_MINUTE = 100
 MINUTES_PER_EXERCISE = 10
 MINUTES_PER_EXPLORER = 5
 EXPLORER_CALL = re.compile(r"\binteract(?:ive)?\s*\(")
-EXERCISE = re.compile(r"^\*\*Exercise\b", re.M)
+# "**Exercise 2.**" in prose or "## 9. Exercise 2: ..." as a heading
+EXERCISE = re.compile(r"^(?:\*\*|#+ [^\n]*?)Exercise (\d+)", re.M)
 
 __all__ = ["CHAPTERS", "Chapter", "chapter_times", "render", "write_readme"]
 
@@ -114,7 +115,14 @@ def chapter_times(stem: str, timings: dict | None = None) -> dict:
         )
     cells = _notebook(stem)["cells"]
     prose = " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    exercises = sum(len(EXERCISE.findall("".join(c["source"]))) for c in cells)
+    exercises = len(
+        {
+            n
+            for c in cells
+            if c["cell_type"] == "markdown"
+            for n in EXERCISE.findall("".join(c["source"]))
+        }
+    )
     explorers = sum(
         1 for c in cells if c["cell_type"] == "code" and EXPLORER_CALL.search("".join(c["source"]))
     )
