@@ -110,8 +110,9 @@ notebook runs on a CPU, the Triton kernels in Triton's interpreter.
 
 ## Teach it
 
-Every notebook is also a slide deck: open it in JupyterLab and choose *View > Render as slides
-with RISE* (or press Alt+R). The code cells stay live and the explorers work on the slides. The
+Every notebook is also a slide deck: open it in JupyterLab and choose *View > Render as Reveal
+Slideshow* (or press Alt+R). The deck uses the notebook's kernel: Shift+Enter runs the cell on a
+slide and moves on, and the explorers work on their slides. The
 [instructor's guides](guides/index.md) say, chapter by chapter, what to stress, what learners
 get wrong, what to discuss and which exercise to set; the deck leaves out what a class can skip
 (it stays in the notebook).
