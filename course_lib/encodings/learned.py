@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.checks import any_true
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import Encoding, register
 
@@ -48,7 +49,13 @@ class LearnedAttention(PositionalSelfAttention):
 
     def add_positions(self, hidden_states, position_ids):
         limit = self.position_embeddings.num_embeddings
-        if bool((position_ids < 0).any()) or bool((position_ids >= limit).any()):
+        if any_true(position_ids < 0):
+            raise ValueError(
+                f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
+                f"{int(position_ids.min())}: row p of the table is position p, so positions must "
+                "be >= 0"
+            )
+        if any_true(position_ids >= limit):
             raise ValueError(
                 f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
                 f"{int(position_ids.max())}. A learned table knows nothing past its last row; "
