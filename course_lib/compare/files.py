@@ -56,15 +56,16 @@ def read_json(path: str | Path) -> object:
         ) from error
 
 
-def check_result(path: str | Path, result: object) -> dict:
-    """``result`` (read from ``path``) as a results dict: a JSON object holding
-    :data:`RESULT_KEYS`, ``identity`` an object; else a :class:`ComparisonFileError`."""
+def check_result(path: str | Path, result: object, keys: tuple[str, ...] = RESULT_KEYS) -> dict:
+    """``result`` (read from ``path``) as a results dict: a JSON object holding ``keys``
+    (default :data:`RESULT_KEYS`, the current format's), ``identity`` an object; else a
+    :class:`ComparisonFileError`."""
     if not isinstance(result, dict):
         raise ComparisonFileError(
             f"results file {path} holds a JSON {type(result).__name__}, not a run's results "
             f"(an object); {_WAY_OUT}"
         )
-    missing = [key for key in RESULT_KEYS if key not in result]
+    missing = [key for key in dict.fromkeys(("identity", *keys)) if key not in result]
     if missing or not isinstance(result["identity"], dict):
         what = f"lacks {', '.join(missing)}" if missing else "has an identity that is no object"
         raise ComparisonFileError(f"results file {path} {what}; {_WAY_OUT}")

@@ -70,9 +70,9 @@ def load_results(out_dir: str | Path) -> list[dict]:
     order = {name: i for i, name in enumerate(arm_names())}
     results = []
     for path in sorted(out_dir.glob("*.json")):
-        result = read_json(path)  # a damaged file raises, naming it
-        identity = result.get("identity") if isinstance(result, dict) else None
-        if isinstance(identity, dict) and identity.get("format_version") == FORMAT_VERSION:
+        # a damaged file raises, naming it; one of an older format is left out
+        result = check_result(path, read_json(path), keys=("identity",))
+        if result["identity"].get("format_version") == FORMAT_VERSION:
             results.append(check_result(path, result))
     if not results:
         raise FileNotFoundError(f"no comparison results (*.json) in {out_dir}")
