@@ -17,6 +17,7 @@ import torch
 
 from course_lib.attention import attention, attention_weights, get_attention_class
 from course_lib.encodings import REGISTRY, apply_rope, rope_frequencies
+from course_lib.encodings.comrope import comrope_generators
 from course_lib.encodings.learned import LearnedAttention
 from course_lib.encodings.liere import apply_block_rotation
 from course_lib.encodings.rope import RoPEAttention, rope_angles
@@ -534,3 +535,13 @@ def test_generate_needs_a_prompt_token_and_gives_empty_answers_for_an_empty_batc
     assert torch.equal(model.generate(prompt, 0), prompt)
     greedy = model.generate(prompt, 4)
     assert torch.equal(model.generate(prompt, np.int64(4), temperature=0), greedy)
+
+
+def test_comrope_generators_are_finite_for_half_precision_parameters():
+    """matrix_exp in float16 gave NaN: the generators are computed in float32."""
+    basis, angles = torch.randn(2, 4, 4, generator=gen(5)), torch.randn(2, 2, 2, generator=gen(6))
+    expected = comrope_generators(basis, angles)
+    for dtype in (torch.float16, torch.bfloat16):
+        half = comrope_generators(basis.to(dtype), angles.to(dtype))
+        assert half.dtype == torch.float32
+        torch.testing.assert_close(half, expected, atol=3e-2, rtol=3e-2)
