@@ -10,6 +10,7 @@ in Hugging Face's ``rope_parameters`` convention, see :func:`rope_frequencies`.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -109,9 +110,18 @@ def check_rope_scaling(scaling: dict | None) -> dict | None:
         if value is _REQUIRED:
             raise ValueError(f"RoPE scaling of rope_type {rope_type!r} needs {key!r}")
         out[key] = value
-    out["factor"] = check_real(
-        "RoPE scaling factor (how many times longer than trained)", out["factor"], at_least=1.0
-    )
+    factor = out["factor"]
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, numbers.Real)
+        or not math.isfinite(factor)
+        or factor < 1
+    ):
+        raise ValueError(
+            f"RoPE scaling factor must be a number >= 1 (how many times longer than trained), "
+            f"got {factor!r}"
+        )
+    out["factor"] = float(factor)
     if out["original_max_position_embeddings"] is not None:
         out["original_max_position_embeddings"] = check_int(
             "original_max_position_embeddings (the training length)",
