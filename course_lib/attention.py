@@ -16,9 +16,12 @@ encodings) or the name of any registered encoding that acts inside attention (se
     A_i  = softmax(s_i)  or  stick-breaking(s_i)          # 4. normaliser, over visible keys
     out_i = sum_j A_ij v_j  (+ (1 - sum_j A_ij) v_i for stick-breaking: the leftover stick)
 
-``scale = 1/sqrt(head_dim)`` unless given. ``backend="reference"`` is the from-scratch PyTorch code
-below; ``backend="triton"`` runs the fused kernels with the tables and bias the record's kernel
-hooks build (``course_lib.flash_ops`` / ``course_lib.stick_ops``): the same function.
+``scale = 1/sqrt(head_dim)`` unless given (a finite number > 0). A padded key
+(``key_padding_mask`` False) gets weight 0, and its k and v rows are zeroed first, so it
+contributes nothing whatever it holds; an empty batch or sequence gives the empty output.
+``backend="reference"`` is the from-scratch PyTorch code below; ``backend="triton"`` runs the
+fused kernels with the tables and bias the record's kernel hooks build
+(``course_lib.flash_ops`` / ``course_lib.stick_ops``): the same function.
 """
 
 from __future__ import annotations

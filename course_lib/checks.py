@@ -241,8 +241,10 @@ def check_float_tensor(
 ) -> None:
     """``value``: a floating-point tensor on ``device`` with finite entries, of ``shape`` if given.
 
-    ``layout`` names the shape in messages, e.g. ``"[heads]"``. Every encoding parameter passed to
-    :func:`course_lib.attention.attention` (slopes, tables, gates) goes through this check.
+    ``layout`` names the shape in messages, e.g. ``"[heads]"``. An encoding's ``check_params``
+    uses it for its own tensors (slopes, tables, gates); every tensor parameter of every method is
+    also checked for finiteness by :func:`check_tensor_params`, whether or not its encoding calls
+    this. A ``meta`` tensor's values are not checked (it has none).
     """
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         raise TypeError(

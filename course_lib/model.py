@@ -245,7 +245,9 @@ class MiniBert(nn.Module):
         row is the one it would get in a full forward pass. ``temperature=0`` is greedy.
         With ``backend="triton"`` the prompt runs the fused kernel and each cached step (one query
         against the cache, which the kernels do not take) runs the reference code of the same
-        function.
+        function. ``max_new_tokens`` is an integer >= 0, ``temperature`` a finite number >= 0
+        and ``prompt_ids`` needs at least one token per row (an empty batch gives an empty
+        answer).
         """
         if not self.causal:
             raise ValueError("generate() needs a causal model (objective='clm')")
