@@ -95,12 +95,14 @@ def _check_labels(labels: object, shape: torch.Size, vocab: int) -> None:
             f"labels must have the shape of input_ids {tuple(shape)}, got {tuple(labels.shape)}"
         )
     scored = labels != IGNORE_LABEL
-    if not bool(scored.any()):
+    outside = scored & ((labels < 0) | (labels >= vocab))
+    nothing_scored, any_outside = torch.stack((~scored.any(), outside.any())).tolist()  # one sync
+    if nothing_scored:
         raise ValueError(
             f"every label is {IGNORE_LABEL} (ignored), so the loss would be a mean over no tokens "
             f"(NaN): give at least one label in [0, {vocab}), or labels=None for logits only"
         )
-    if bool(((labels < 0) | (labels >= vocab))[scored].any()):
+    if any_outside:
         raise ValueError(f"labels must be token ids in [0, {vocab}) or {IGNORE_LABEL} (ignored)")
 
 
