@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from course_lib.attention import attention, attention_weights, get_attention_class
-from course_lib.encodings import REGISTRY, apply_rope, rope_frequencies
+from course_lib.encodings import REGISTRY, alibi_slopes, apply_rope, rope_frequencies
 from course_lib.encodings.comrope import comrope_generators
 from course_lib.encodings.learned import LearnedAttention
 from course_lib.encodings.liere import apply_block_rotation
@@ -545,3 +545,12 @@ def test_comrope_generators_are_finite_for_half_precision_parameters():
         half = comrope_generators(basis.to(dtype), angles.to(dtype))
         assert half.dtype == torch.float32
         torch.testing.assert_close(half, expected, atol=3e-2, rtol=3e-2)
+
+
+def test_bools_are_not_numbers_for_module_options():
+    with pytest.raises(ValueError, match="num_heads must be a positive integer, got True"):
+        alibi_slopes(True)
+    with pytest.raises(TypeError, match="init_std must be a real number, got True"):
+        LearnedAttention(32, 2, init_std=True)
+    with pytest.raises(ValueError, match="init_std must be a finite number > 0, got nan"):
+        LearnedAttention(32, 2, init_std=float("nan"))

@@ -33,7 +33,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     ``H0`` heads, then the first ``H - H0`` of the odd-numbered slopes of ``2 H0`` heads (they fall
     halfway, in log scale, between the first ones).
     """
-    if not isinstance(num_heads, int) or num_heads < 1:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
     base = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = _geometric_slopes(base)
