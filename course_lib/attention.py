@@ -16,9 +16,12 @@ encodings) or the name of any registered encoding that acts inside attention (se
     A_i  = softmax(s_i)  or  stick-breaking(s_i)          # 4. normaliser, over visible keys
     out_i = sum_j A_ij v_j  (+ (1 - sum_j A_ij) v_i for stick-breaking: the leftover stick)
 
-``scale = 1/sqrt(head_dim)`` unless given. ``backend="reference"`` is the from-scratch PyTorch code
-below; ``backend="triton"`` runs the fused kernels with the tables and bias the record's kernel
-hooks build (``course_lib.flash_ops`` / ``course_lib.stick_ops``): the same function.
+``scale = 1/sqrt(head_dim)`` unless given (a finite number > 0). A padded key
+(``key_padding_mask`` False) gets weight 0, and its k and v rows are zeroed first, so it
+contributes nothing whatever it holds; an empty batch or sequence gives the empty output.
+``backend="reference"`` is the from-scratch PyTorch code below; ``backend="triton"`` runs the
+fused kernels with the tables and bias the record's kernel hooks build
+(``course_lib.flash_ops`` / ``course_lib.stick_ops``): the same function.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from course_lib.checks import (
     check_key_padding_mask,
     check_position_ids,
     check_qkv,
+    check_scale,
+    check_tensor_params,
     default_position_ids,
 )
 from course_lib.normalisers import softmax_weights, stick_breaking_weights
@@ -67,12 +72,21 @@ def _params_for(method: str, encoding: Encoding | None, given: dict) -> dict:
 
 
 def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
-    """Validate everything once; return (encoding or None, key positions or None, params)."""
+    """Validate everything once; return (encoding or None, key positions or None, params, k, v).
+
+    Padded keys' rows of k and v come back zeroed: a padded key gets weight 0, and with its
+    rows zeroed it contributes exactly nothing whatever it held (0 * NaN would be NaN), on both
+    backends. ``scale`` is checked (None or a finite number > 0) and every tensor parameter is
+    checked for finiteness (:func:`course_lib.checks.check_tensor_params`) before the method's
+    own ``check_params``.
+    """
     methods = attention_methods()
     check_choice("attention method", method, methods)
     encoding = methods[method]
     check_qkv(q, k, v)
     params = _params_for(method, encoding, params)
+    params["scale"] = check_scale(params["scale"])
+    check_tensor_params(method, params, q.device)
     batch, heads, _, head_dim = q.shape
     seq_k = k.shape[2]
     if not isinstance(causal, bool):
@@ -81,6 +95,8 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
         raise ValueError(f"method={method!r} is causal only: pass causal=True")
     if key_padding_mask is not None:
         check_key_padding_mask(key_padding_mask, batch, seq_k, q.device)
+        padded = ~key_padding_mask[:, None, :, None]  # [B, 1, Nk, 1]
+        k, v = k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
     if encoding is not None and encoding.uses_positions:
         dims = encoding.position_dims
         if position_ids is None and dims == 1:
@@ -111,7 +127,7 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
         )
     if params["scale"] is None:
         params["scale"] = 1.0 / math.sqrt(head_dim)
-    return encoding, position_ids, params
+    return encoding, position_ids, params, k, v
 
 
 def _visible(seq_q, seq_k, causal, key_padding_mask, device):
@@ -165,10 +181,9 @@ def attention_weights(
 
     For stick-breaking methods each row sums to at most 1 (the rest goes to the query's own value).
     """
-    v = k  # only shapes matter for validation
-    encoding, key_pos, params = _prepare(
-        q, k, v, method, causal, key_padding_mask, position_ids, params
-    )
+    encoding, key_pos, params, k, _ = _prepare(
+        q, k, k, method, causal, key_padding_mask, position_ids, params
+    )  # k stands in for v: only its shape is checked
     encoding = _with_normaliser(encoding, method, normaliser)
     return _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
 
@@ -194,11 +209,13 @@ def attention(
     other three unchanged (None: the record's); both backends honour it.
     """
     check_choice("backend", backend, BACKENDS)
-    encoding, key_pos, params = _prepare(
+    encoding, key_pos, params, k, v = _prepare(
         q, k, v, method, causal, key_padding_mask, position_ids, params
     )
     encoding = _with_normaliser(encoding, method, normaliser)
-    if backend == "triton":
+    # An empty batch or sequence has nothing to compute: both backends give the empty answer
+    # (the code below handles empty tensors; no kernel is launched).
+    if backend == "triton" and q.numel() > 0:
         return _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params)
     weights = _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
     values = v.to(weights.dtype)

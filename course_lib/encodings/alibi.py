@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from course_lib.checks import check_float_tensor
+from course_lib.checks import any_true, check_float_tensor
 from course_lib.encodings.distance import linear_distance_bias
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
@@ -33,7 +33,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     ``H0`` heads, then the first ``H - H0`` of the odd-numbered slopes of ``2 H0`` heads (they fall
     halfway, in log scale, between the first ones).
     """
-    if not isinstance(num_heads, int) or num_heads < 1:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
     base = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = _geometric_slopes(base)
@@ -56,7 +56,7 @@ def check_alibi_params(params: dict, *, heads: int, head_dim: int, device, **cal
         params["slopes"] = alibi_slopes(heads).to(device)
         return
     check_float_tensor(slopes, "ALiBi slopes", "[heads]", device, shape=(heads,))
-    if bool((slopes.detach() < 0).any()):
+    if any_true(slopes.detach() < 0):
         raise ValueError(
             "ALiBi slopes must be >= 0: the bias -m |i - j| penalises distance; a negative slope "
             "would reward it"

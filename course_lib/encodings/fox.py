@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_float_tensor
+from course_lib.checks import any_true, check_float_tensor
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
@@ -69,7 +69,7 @@ def check_fox_params(params: dict, *, heads: int, head_dim: int, device, positio
             f"and key), got {shape}"
         )
     values = log_forget.detach()
-    if bool((values > 0).any()):
+    if any_true(values > 0):
         raise ValueError(
             f"log_forget must be <= 0 (log of a gate f in (0, 1]); got a maximum of "
             f"{values.max().item():.3g}"
