@@ -3,12 +3,15 @@
 ``python -m course_lib.gpu_report`` compiles, ahead of time, every launch the kernel wrappers
 (``kernels/flash.py``, ``kernels/stick_breaking.py``) issue for the benchmark shape (seq 8192,
 batch 2, heads 2048 / head_dim, projections viewed as ``[batch, heads, seq, head_dim]``) for an
-H100 (sm_90) and an A100 (sm_80), and prints, per compiled kernel: tiles, warps, stages,
-registers, spill bytes, shared memory against the per-block limit, how its dots are lowered
-(wgmma / mma.sync / FMA) and an occupancy estimate; then, from the sm_90 machine code, the
-static cost per (query, key) pair of each family's inner loops as a ratio against recorded
-anchors (:mod:`course_lib.gpu_static.model`). It writes ``figures/gpu_report.json`` and
-``figures/gpu_report.png``.
+H100 (sm_90) and an A100 (sm_80) (``--archs`` adds learners' GPUs: sm_75 T4, sm_86 A10 / RTX
+30xx, sm_89 L4 / RTX 40xx, sm_100, sm_120), and prints, per compiled kernel: tiles, warps,
+stages, registers, spill bytes, shared memory against the per-block limit, how its dots are
+lowered (wgmma / tcgen5 / mma.sync / FMA) and an occupancy estimate; then, from the sm_90
+machine code, the static cost per (query, key) pair of each family's tile loops under two
+bounds (perfect overlap of tensor cores and the rest, and none; in-loop spills charged) as
+ratios against recorded anchors and against plain flash (:mod:`course_lib.gpu_static.model`),
+and each kernel's occupancy and barriers per iteration beside the tutorial's. It writes
+``figures/gpu_report.json`` and ``figures/gpu_report.png``.
 
 The launches are not rebuilt here: each comes from running the wrappers themselves on ``meta``
 tensors (:mod:`course_lib.gpu_static.variants`), so the report follows every change of their
