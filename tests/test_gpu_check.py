@@ -309,3 +309,31 @@ def test_verdicts_fail_on_a_wrong_kernel_a_failed_notebook_or_a_run_that_did_not
               speed=[dict(method="rse", contender="kernel", head_dim=64, seq=8192, pass_="fwd+bwd",
                           causal=True, ms=None, peak_mib=None, status="OOM")])  # fmt: skip
     assert report.summarise(ok)["ok"]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_with_the_distance_table_computes_the_methods_attention(monkeypatch):
+    """The FlexAttention alternative (eager here; compiled on a GPU) with the record's bias per
+    distance gives what ``attention(method=...)`` gives, causal and bidirectional."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from course_lib.attention import attention
+
+    monkeypatch.setattr(speed, "_FLEX", [(flex_attention, create_block_mask)])
+    timed = 0
+    for name, encoding in attention_methods().items():
+        for causal in (True, False):
+            if encoding is not None and encoding.causal_only and not causal:
+                continue
+            inputs = cases.make_inputs(encoding, batch=2, heads=2, seq=24, head_dim=16,
+                                       dtype="fp32", device="cpu")  # fmt: skip
+            label, fn = speed.alternative(encoding, inputs, causal)
+            if not label.endswith("FlexAttention") or isinstance(fn, str):
+                continue
+            timed += 1
+            with torch.no_grad():
+                want = attention(inputs.q, inputs.k, inputs.v, method=name, causal=causal,
+                                 position_ids=inputs.positions, **inputs.params)  # fmt: skip
+                got = fn(inputs.q, inputs.k, inputs.v)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=f"{name} {causal}")
+    assert timed >= 4  # ALiBi, T5 and ExpoSB's distance factor, at least
