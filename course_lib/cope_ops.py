@@ -95,5 +95,8 @@ def cope_attention(
         check_key_padding_mask(key_padding_mask, batch, seq, q.device)
         mask = key_padding_mask.to(torch.int8).contiguous()
     check_kernel_tensors(q, k, v, e, mask)
-    z = torch.matmul(q.float(), e.float().transpose(0, 1)).contiguous()  # [B, H, N, npos]
+    # the position logits z stay float32 under autocast too (autocast would run this product
+    # in the 16-bit dtype, and the kernel's counts need float32 logits)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        z = torch.matmul(q.float(), e.float().transpose(0, 1)).contiguous()  # [B, H, N, npos]
     return _CoPEFunction.apply(q, k, v, z, mask, scale, block)

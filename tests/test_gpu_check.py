@@ -76,6 +76,12 @@ def test_the_plan_follows_the_registry_and_the_gpu():
     assert t4.training.train.autocast_dtype == "float16" and t4.training.train.steps == 100
     with pytest.raises(SystemExit):
         _args("--seqs", "0")
+    # --methods: only those cases; training only the ones that are sequence encodings
+    some = cli.make_plan(FakeDevice((9, 0)), _args("--quick", "--methods", "fox", "softmax"))
+    assert {c.method for c in some.correctness} == {c.method for c in some.speed} == {"fox", "softmax"}
+    assert some.training_encodings == ("fox",)
+    with pytest.raises(SystemExit, match="unknown method"):
+        cli.make_plan(FakeDevice((9, 0)), _args("--methods", "fxo"))
 
 
 # -- correctness ----------------------------------------------------------------------------------
@@ -115,7 +121,55 @@ def test_a_case_that_raises_is_an_error_with_its_message(monkeypatch):
     assert row["status"] == "error" and "64 KiB" in row["reason"]
 
 
+def test_16_bit_cases_pass_within_twice_the_frameworks_own_rounding(monkeypatch):
+    """fp16/bf16: a tensor above the fixed tolerance still agrees when PyTorch's reference in the
+    same dtype is off by at least half as much; above both it is wrong."""
+    monkeypatch.setattr(correctness, "make_inputs", lambda *a, **k: _Inputs())
+    exact = {"out": torch.ones(4), "dlog_forget": torch.ones(4)}
+
+    def run(kernel_error, framework_error):
+        def fake(case, inputs, backend, dtype, param_dtype):
+            if backend == "triton":
+                return {"out": exact["out"], "dlog_forget": exact["dlog_forget"] + kernel_error}
+            if dtype == torch.float64:
+                return dict(exact)
+            return {"out": exact["out"], "dlog_forget": exact["dlog_forget"] + framework_error}
+
+        monkeypatch.setattr(correctness, "_forward_backward", fake)
+        case = correctness.CorrectnessCase("softmax", "bf16", True, 64)
+        return correctness.check_case(case, torch.device("cpu"))
+
+    assert run(0.01, 0.0)["status"] == "ok"  # inside the fixed tolerance
+    assert run(0.03, 0.02)["status"] == "ok"  # 0.03 <= 2 x 0.02
+    row = run(0.05, 0.02)
+    assert row["status"] == "wrong" and row["framework_errors"]["dlog_forget"] == 0.02
+
+
+class _Inputs:
+    q = torch.zeros(1, dtype=torch.bfloat16)
+
+
 # -- speed ----------------------------------------------------------------------------------------
+
+def test_flex_moves_to_smaller_tiles_when_the_gpu_lacks_shared_memory():
+    tried = []
+
+    def call(q, k, v, options):
+        tried.append(options)
+        if options is None or "BLOCK_M" not in options:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource")
+        return q
+
+    run = speed.flex_with_smaller_tiles_on_demand(call)
+    assert run(1, 2, 3) == 1 and run(4, 5, 6) == 4
+    assert tried == list(speed.FLEX_OPTIONS) + [speed.FLEX_OPTIONS[-1]]  # kept once it compiled
+
+    def broken(q, k, v, options):
+        raise ValueError("a score_mod bug")
+
+    with pytest.raises(ValueError, match="score_mod bug"):
+        speed.flex_with_smaller_tiles_on_demand(broken)(1, 2, 3)
+
 
 
 def test_alternatives_come_from_the_records():

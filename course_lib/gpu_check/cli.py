@@ -50,6 +50,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--seqs", type=int, nargs="+", default=None, help="speed: sequence lengths")
     p.add_argument("--head-dims", type=int, nargs="+", default=None, help="speed: head dims")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="only these methods of attention() (e.g. fox cope); training: only these encodings",
+    )
     p.add_argument("--skip", nargs="+", default=[], choices=PHASES, help="phases to leave out")
     p.add_argument(
         "--workers",
@@ -101,6 +107,20 @@ def make_plan(device: Device, args: argparse.Namespace) -> Plan:
         steps = args.training_steps or (100 if args.quick else 200)
         autocast = "bfloat16" if device.bf16 else "float16"
         plan.training = training.short_preset(PRESETS["gpu"], steps, autocast)
+    if args.methods:
+        from course_lib.gpu_check.cases import methods
+
+        unknown = sorted(set(args.methods) - set(methods()))
+        if unknown:
+            raise SystemExit(
+                f"gpu_check: unknown method(s) {unknown}; known: {sorted(methods())}"
+            )
+        wanted = set(args.methods)
+        plan.correctness = [c for c in plan.correctness if c.method in wanted]
+        plan.speed = [c for c in plan.speed if c.method in wanted]
+        if plan.training is not None:
+            arms = tuple(m for m in args.methods if m in plan.training.encoding_names())
+            plan.training, plan.training_encodings = (plan.training, arms) if arms else (None, None)
     cpus = os.cpu_count() or 2
     plan.workers = args.workers if args.workers is not None else max(1, min(8, cpus // 2))
     plan.notebook_workers = args.notebook_workers

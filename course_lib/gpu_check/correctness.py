@@ -5,7 +5,11 @@ tile). Both sides go through ``attention()``: ``backend="triton"`` on the case's
 ``backend="reference"`` in float64 on the same (rounded) inputs and parameters. Compared: the
 output and the gradients of q, k, v and of every float tensor parameter, each as
 ``max |kernel - reference| / max(max |reference|, 1)`` against the course's tolerance for the
-dtype (:data:`TOLERANCE`, the kernel tests' own). A method whose record says it has no kernel
+dtype (:data:`TOLERANCE`, the kernel tests' own). In fp16 and bf16 a tensor also passes when
+its error is at most twice that of PyTorch's own reference run in that dtype on the same inputs
+(FlashAttention's test criterion: the kernel rounds no worse than the framework it replaces),
+since a gradient that sums over every position (FoX's ``dlog_forget``, a reverse cumulative sum)
+carries more 16-bit rounding than a fixed tolerance allows whichever way it is computed. A method whose record says it has no kernel
 (``kernel_support``) is reported as such, not as a failure.
 """
 
@@ -113,13 +117,23 @@ def check_case(case: CorrectnessCase, device) -> dict:
         want = _forward_backward(case, inputs, "reference", torch.float64, torch.float64)
         got = _forward_backward(case, inputs, "triton", inputs.q.dtype, torch.float32)
         errors = {name: relative_error(got[name], want[name]) for name in want}
+        allowed = {name: row["tolerance"] for name in want}
+        if case.dtype != "fp32":
+            try:
+                same = _forward_backward(case, inputs, "reference", inputs.q.dtype, inputs.q.dtype)
+            except Exception:  # noqa: BLE001 - no 16-bit reference: the fixed tolerance alone
+                same = None
+            if same is not None:
+                framework = {n: relative_error(same[n], want[n]) for n in want}
+                row["framework_errors"] = {k: float(f"{e:.3g}") for k, e in framework.items()}
+                allowed = {n: max(allowed[n], 2 * framework[n]) for n in want}
     except Exception as exc:  # noqa: BLE001 - a failing case is a result of the check
         text = f"{type(exc).__name__}: {exc}"
         return dict(
             row, status="error", reason=text[:500], seconds=round(time.perf_counter() - started, 2)
         )
     worst = max(errors.values())
-    status = "ok" if worst <= row["tolerance"] else "wrong"
+    status = "ok" if all(errors[n] <= allowed[n] for n in errors) else "wrong"
     return dict(
         row,
         status=status,

@@ -167,10 +167,42 @@ def alternative(encoding, inputs, causal: bool) -> tuple[str, Attention | str]:
             device=inputs.q.device,
         )
 
-    def run(q, k, v):
-        return compiled(prepare(q), prepare(k), v, score_mod=score_mod, block_mask=block_mask)
+    return prefix + "FlexAttention", flex_with_smaller_tiles_on_demand(
+        lambda q, k, v, options: compiled(
+            prepare(q), prepare(k), v, score_mod=score_mod, block_mask=block_mask,
+            kernel_options=options,
+        )  # fmt: skip
+    )
 
-    return prefix + "FlexAttention", run
+
+#: FlexAttention's own choice first, then smaller pipelines and tiles: a score_mod that reads a
+#: captured table can ask for more shared memory than the GPU has (seen on an H200 with
+#: PyTorch 2.11: 245,760 bytes asked, 232,448 there), and Inductor then finds no valid config.
+FLEX_OPTIONS: tuple[dict | None, ...] = (
+    None,
+    {"num_stages": 1},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1},
+)
+
+
+def flex_with_smaller_tiles_on_demand(call) -> Attention:
+    """``call(q, k, v, kernel_options)`` as an attention: on an out-of-resources compile error it
+    moves to the next entry of :data:`FLEX_OPTIONS` and keeps the first that compiles."""
+    chosen = [0]
+
+    def run(q, k, v):
+        while True:
+            try:
+                return call(q, k, v, FLEX_OPTIONS[chosen[0]])
+            except Exception as exc:  # Inductor wraps the resource error in its own types
+                text = str(exc)
+                if "out of resource" not in text and "No valid triton configs" not in text:
+                    raise
+                if chosen[0] + 1 == len(FLEX_OPTIONS):
+                    raise
+                chosen[0] += 1
+
+    return run
 
 
 def _kernel(case: SpeedCase, inputs) -> Attention:
