@@ -234,7 +234,7 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
             q = encoding.qk_transform(q, key_pos, params)  # seq_q == seq_k here
             k = encoding.qk_transform(k, key_pos, params)
         if encoding.score_bias is not None:
-            bias = encoding.kernel_bias(params)
+            bias = encoding.kernel_bias(params, key_pos)
         normaliser = encoding.normaliser
     if normaliser == "stick_breaking":
         from course_lib.stick_ops import stick_breaking_attention as fused

@@ -7,9 +7,9 @@
 where key ``j`` is allowed for query ``i`` iff it is a real token (``key_padding_mask``) and,
 when causal, ``j <= i`` (by index). The kernels know no encoding: ``q'``, ``k'`` come from the
 caller's per-token tables (:class:`course_lib.kernel_hooks.QKTables`; ``q' = q`` without) and
-``b`` from a named score-bias hook (:class:`course_lib.kernel_hooks.ScoreBias`; 0 without). A
+``b`` from a score-bias hook object (:class:`course_lib.kernel_hooks.ScoreBias`; 0 without). A
 query with no allowed key outputs 0. Gradients flow to q, k, v and the score bias's tensor
-(``score_bias.per_head`` or ``score_bias.per_token``, whichever its hook reads).
+(``per_head``, ``per_token`` or ``per_diagonal``, whichever its hook reads).
 
 The same interface, checks and layout convention serve the stick-breaking wrapper
 (:mod:`course_lib.stick_ops`), which imports :func:`prepare_kernel_call` from here.
@@ -29,8 +29,8 @@ from course_lib.checks import (
     check_position_ids,
     default_position_ids,
 )
-from course_lib.kernel_hooks import QKTables, ScoreBias
-from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, SCORE_BIAS_HOOK_NAMES
+from course_lib.kernel_hooks import QKTables, ScoreBias, kernel_positions, resolve_hook
+from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
 from course_lib.runtime import check_kernel_tensors, load_kernel_module
 
 __all__ = ["KernelCall", "flash_attention", "prepare_kernel_call"]
@@ -40,16 +40,17 @@ __all__ = ["KernelCall", "flash_attention", "prepare_kernel_call"]
 class KernelCall:
     """What a wrapper hands its kernels after the checks.
 
-    ``positions``: float32 ``[1 or batch, seq]``; ``mask``: int8 ``[batch, seq]`` or None;
-    ``hook``: the score-bias hook's name or None; ``bias_tensor``: the tensor it reads (its
-    ``per_head`` or ``per_token``, as given) or None; ``bias_options``: its compile-time options.
+    ``positions``: int32 ``[1 or batch, seq]``, each row minus its smallest position
+    (:func:`course_lib.kernel_hooks.kernel_positions`); ``mask``: int8 ``[batch, seq]`` or None;
+    ``hook``: the score-bias hook object or None; ``bias_tensor``: the tensor it reads (as given)
+    or None; ``bias_options``: its compile-time options.
     """
 
     scale: float
     positions: torch.Tensor
     mask: torch.Tensor | None
     qk_tables: QKTables | None
-    hook: str | None
+    hook: object | None
     bias_tensor: torch.Tensor | None
     bias_options: dict | None = None
 
@@ -70,7 +71,7 @@ def prepare_kernel_call(
     """Check a wrapper's arguments and put them in the form the kernels read.
 
     q, k, v may be any strided views (no copy is made); positions default to ``arange(seq)``
-    and are converted once to float32 (they only reach the kernels through a score bias).
+    and are converted once for the kernels (they only reach them through a score bias).
     """
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
@@ -83,8 +84,7 @@ def prepare_kernel_call(
         raise ValueError(f"scale must be a finite number, got {scale}")
     if position_ids is None:
         position_ids = default_position_ids(seq, q.device)
-    positions = check_position_ids(position_ids, batch, seq, q.device)
-    positions = positions.to(torch.float32).contiguous()
+    positions = kernel_positions(check_position_ids(position_ids, batch, seq, q.device))
     mask = None
     if key_padding_mask is not None:
         check_key_padding_mask(key_padding_mask, batch, seq, q.device)
@@ -102,22 +102,21 @@ def prepare_kernel_call(
             raise TypeError(
                 f"score_bias must be a course_lib.kernel_hooks.ScoreBias, got {type(score_bias)}"
             )
-        if score_bias.hook not in SCORE_BIAS_HOOK_NAMES:
-            raise ValueError(
-                f"unknown score-bias hook {score_bias.hook!r}; "
-                f"valid: {', '.join(map(repr, SCORE_BIAS_HOOK_NAMES))}"
-            )
-        hook = score_bias.hook
-        tensor, options = _bias_tensor(score_bias, kernel), dict(score_bias.options)
+        hook = resolve_hook(score_bias.hook)
+        tensor, options = _bias_tensor(score_bias, hook, kernel), dict(score_bias.options)
         tensors.append(tensor)
     check_kernel_tensors(*tensors)
     return KernelCall(scale, positions, mask, qk_tables, hook, tensor, options)
 
 
-def _bias_tensor(score_bias: ScoreBias, kernel: str) -> torch.Tensor | None:
-    """The one tensor the hook reads (``per_head`` or ``per_token``); the other must be None.
-    Also refuses a hook the kernel family does not take."""
-    hook = load_kernel_module("score_bias").get_hook(score_bias.hook)
+def _bias_tensor(score_bias: ScoreBias, hook, kernel: str) -> torch.Tensor | None:
+    """The one tensor the hook reads (``per_head``, ``per_token`` or ``per_diagonal``); the
+    others must be None. Also refuses a hook the kernel family does not take."""
+    if not (hasattr(hook, "bias") and hasattr(hook, "families")):
+        raise TypeError(
+            f"score_bias.hook must be a score-bias hook object (course_lib.kernels.score_bias."
+            f"BiasHook) or the name of a registered one, got {type(hook).__name__}"
+        )
     family = "stick_breaking" if kernel == "stick-breaking" else kernel
     if family not in hook.families:
         raise ValueError(
@@ -131,7 +130,7 @@ def _bias_tensor(score_bias: ScoreBias, kernel: str) -> torch.Tensor | None:
                 else ""
             )
         )
-    for name in ("per_head", "per_token"):
+    for name in ("per_head", "per_token", "per_diagonal"):
         value = getattr(score_bias, name)
         if value is not None and not isinstance(value, torch.Tensor):
             raise TypeError(f"score_bias.{name} must be a tensor, got {type(value)}")
@@ -213,8 +212,9 @@ def flash_attention(
         scale: logit scale, default ``1/sqrt(head_dim)``.
         qk_tables: per-token q/k tables (``cos``, ``sin`` float32 ``[1 or batch, seq,
             head_dim/2]``, optional ``gain`` ``[head_dim]``, pair ``layout``), or None.
-        score_bias: a named bias hook with its ``per_head`` (``[heads]`` or ``[heads, width]``)
-            or ``per_token`` (``[batch, heads, seq]``) tensor and its ``options``, or None.
+        score_bias: a bias hook object with the tensor it reads (``per_head`` ``[heads]`` or
+            ``[heads, width]``, ``per_token`` ``[batch, heads, seq]`` or ``per_diagonal``
+            ``[1 or batch, heads, 2 seq - 1]``) and its ``options``, or None.
 
     Returns:
         ``[batch, heads, seq, head_dim]`` in the input dtype; rows with no allowed key are 0.

@@ -64,6 +64,7 @@ def _variant_list(args) -> list[variants.Variant]:
 def _compile_job(job: tuple) -> dict:
     """Worker: plan the variant again, compile its launch ``index``, analyse the loops."""
     v, index, with_loops = job
+    variants.compile_ready()
     t0 = time.time()
     launch = variants.plan(v)[index]
     row = {}

@@ -6,15 +6,18 @@ Layout convention (flash and stick-breaking alike):
   through their four strides, so views such as ``x.view(b, n, h, d).transpose(1, 2)`` go in
   without a copy. What the kernels write (outputs, gradients, row statistics) is allocated
   contiguous by the launchers.
-* ``positions``: float32 ``[1 or batch, seq]`` (a leading 1 is read with batch stride 0).
+* ``positions``: int32 ``[1 or batch, seq]``, each sequence's positions minus its smallest one
+  (a leading 1 is read with batch stride 0). Hooks subtract them in integers.
 * ``key_mask``: int8 ``[batch, seq]``, nonzero = real token.
 * q/k tables (see :class:`course_lib.kernel_hooks.QKTables`): ``cos``, ``sin`` float32
   ``[1 or batch, seq, head_dim/2]`` (batch stride 0 for a leading 1; seq and pair dimensions
   contiguous), ``gain`` float32 ``[head_dim]`` or None, ``layout`` in :data:`PAIR_LAYOUTS`.
 * score-bias parameters: the tensor a hook reads (``per_head`` float32 ``[heads]`` or ``[heads,
-  width]``, ``per_token`` ``[batch, heads, seq]``), moved to the program's (batch, head) by
-  ``batch * stride_bias_b + head * stride_bias_h`` (the hook's :meth:`BiasHook.strides`); the
-  hook's compile-time options reach the kernels as the constexpr ``BIAS_OPTIONS``.
+  width]``, ``per_token`` ``[batch, heads, seq]``, ``per_diagonal`` ``[1 or batch, heads,
+  2 seq - 1]``), moved to the program's (batch, head) by ``batch * stride_bias_b + head *
+  stride_bias_h`` (the hook's :meth:`BiasHook.strides`); the hook's compile-time options reach
+  the kernels as the constexpr ``BIAS_OPTIONS``. The hook is an object (:class:`.score_bias.
+  BiasHook`), not a name: the kernels call whatever functions it carries.
 
 Every kernel of both families starts with :func:`_program_setup`, which turns the program ids
 into the block index and the (batch, head) and moves every per-(batch, head) pointer there.
@@ -31,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS, PAIR_LAYOUTS
-from .score_bias import BiasHook, get_hook
+from .score_bias import BiasHook
 
 __all__ = [
     "Launch",
@@ -209,6 +212,7 @@ class LaunchArgs:
     half_layout: bool
     hook: BiasHook | None
     bias_options: tuple | None = None  # the hook's BIAS_OPTIONS constexpr
+    bias_shape: tuple[int, ...] = ()  # the shape of the hook's tensor (its gradient's)
 
     def strides(self) -> tuple[int, int, int, int]:
         """``(stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h)``."""
@@ -226,7 +230,7 @@ def check_launch_inputs(
     positions: torch.Tensor,
     key_mask: torch.Tensor | None,
     qk_tables,
-    bias_hook: str | None,
+    bias_hook: BiasHook | None,
     bias_params: torch.Tensor | None,
     bias_options: dict | None = None,
 ) -> None:
@@ -250,14 +254,14 @@ def check_launch_inputs(
     if batch * heads > MAX_BATCH_HEADS:
         _fail(f"batch * heads must be <= {MAX_BATCH_HEADS}, got {batch * heads}")
     if (
-        positions.dtype != torch.float32
+        positions.dtype != torch.int32
         or positions.dim() != 2
         or positions.shape[0] not in (1, batch)
         or positions.shape[1] != seq
     ):
         _fail(
-            f"positions must be float32 [1 or {batch}, {seq}] for the kernel, got "
-            f"{positions.dtype} {tuple(positions.shape)}"
+            f"positions must be int32 [1 or {batch}, {seq}] for the kernel (each sequence's "
+            f"positions minus its smallest), got {positions.dtype} {tuple(positions.shape)}"
         )
     if key_mask is not None and tuple(key_mask.shape) != (batch, seq):
         _fail(f"key_mask must be [{batch}, {seq}], got {tuple(key_mask.shape)}")
@@ -267,11 +271,22 @@ def check_launch_inputs(
         if bias_params is not None:
             _fail("bias parameters were given without a score-bias hook")
         return
-    hook = get_hook(bias_hook)
+    hook = _as_hook(bias_hook)
     hook.kernel_options(bias_options)  # its compile-time options: all given, valid
     hook.check_tensor(
         bias_params, batch=batch, heads=heads, seq=seq, device=q.device, options=bias_options
     )
+
+
+def _as_hook(hook) -> BiasHook:
+    """The hook object itself; anything else is refused (there are no hook names here)."""
+    if not (hasattr(hook, "bias") and hasattr(hook, "check_tensor")):
+        _fail(
+            f"bias_hook must be a score-bias hook object (kernels/score_bias.py: BiasHook), got "
+            f"{hook!r}",
+            TypeError,
+        )
+    return hook
 
 
 def _check_tables(tables, batch: int, seq: int, head_dim: int, device: torch.device) -> None:
@@ -326,7 +341,7 @@ def prepare_launch(
     positions: torch.Tensor,
     key_mask: torch.Tensor | None,
     qk_tables,
-    bias_hook: str | None,
+    bias_hook: BiasHook | None,
     bias_params: torch.Tensor | None,
     bias_options: dict | None = None,
 ) -> LaunchArgs:
@@ -345,11 +360,13 @@ def prepare_launch(
             cos, sin = cos.contiguous(), sin.contiguous()
         stride_tab_b = _batch_stride(cos)
         gain = dummy if qk_tables.gain is None else qk_tables.gain.contiguous()
-    hook = None if bias_hook is None else get_hook(bias_hook)
+    hook = None if bias_hook is None else _as_hook(bias_hook)
     params, stride_bias_b, stride_bias_h = dummy, 0, 0
+    bias_shape = () if bias_params is None else tuple(bias_params.shape)
     if bias_params is not None:
         params = bias_params.detach().to(torch.float32).contiguous()
         stride_bias_b, stride_bias_h = hook.strides(params)  # per_head: 0 for the batch
+        params = hook.pointer(params)  # per_diagonal: a view that starts at diagonal 0
     return LaunchArgs(
         mask=mask,
         cos=cos,
@@ -368,4 +385,5 @@ def prepare_launch(
         half_layout=qk_tables is None or qk_tables.layout == "half",
         hook=hook,
         bias_options=None if hook is None else hook.kernel_options(bias_options),
+        bias_shape=bias_shape,
     )

@@ -1,7 +1,8 @@
 """Fused flash attention (forward and backward); position machinery comes from the caller.
 
 Tensors are ``[batch, heads, seq, head_dim]`` (any strides, see :mod:`.common` for the layout
-convention); ``positions`` is float32 ``[1 or batch, seq]``; ``key_mask`` is ``[batch, seq]``
+convention); ``positions`` is int32 ``[1 or batch, seq]`` (each sequence counted from its
+smallest position); ``key_mask`` is ``[batch, seq]``
 (nonzero = real token) or absent.
 
 The function, for query ``i`` and key ``j`` of one (batch, head)::
@@ -15,7 +16,8 @@ with key ``j`` allowed iff it is a real token and (not causal or ``j <= i``).
   pair ``t`` = ``(x_1, x_2)`` of the token at sequence index ``s`` becomes
   ``x'_1 = g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``x'_2 = g_2 (x_1 sin[s, t] + x_2 cos[s, t])``
   (``g``: the optional per-channel ``gain``, ``HAS_GAIN``). Without tables ``q' = q``.
-* ``b_ij``: a score-bias hook (:mod:`.score_bias`) passed in as the constexpr ``BIAS_FN``, or
+* ``b_ij``: a score-bias hook object (:mod:`.score_bias`) whose function is passed in as the
+  constexpr ``BIAS_FN``, or
   None (no bias, no position loads). A hook with a factor form (``BIAS_FACTOR``; ExpoSB's, whose
   ``e^b`` lies in ``[0.7, 1]``) passes that instead: the weights are multiplied by ``e^b_ij``
   (``e^(s + b) = e^s e^b``) rather than ``b`` added to the logits, which spares the inner loops a
@@ -314,7 +316,7 @@ def _key_tile(
     f = 1.0
     if BIAS_FN is not None:  # the score-bias hook: in base 2, or as a factor
         if MASKED:
-            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0.0)
+            pos_n = tl.load(POS + offs_n, mask=col_valid, other=0)
             col_idx = tl.minimum(offs_n, seq_len - 1)
         else:
             pos_n = tl.load(POS + offs_n)
@@ -529,7 +531,7 @@ def _flash_fwd_kernel(
     # query indices (tails clamped) and positions as [BLOCK_M, 1] columns, for the hook
     row_idx = tl.minimum(offs_m, seq_len - 1)[:, None]
     if BIAS_FN is not None:
-        row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
+        row_pos = tl.load(POS + offs_m, mask=row_valid, other=0)[:, None]
     else:
         row_pos = row_idx
 
@@ -688,7 +690,7 @@ def _dkdv_tiles(
         s_t = _scores(k1, k2, q1, q2, PAIR_HALVES, DOT_PRECISION)
         if BIAS_FN is not None:
             if MASKED:
-                pos_m = tl.load(POS + offs_m, mask=row_valid, other=0.0)
+                pos_m = tl.load(POS + offs_m, mask=row_valid, other=0)
                 query_idx = tl.minimum(offs_m, seq_len - 1)[None, :]
             else:
                 pos_m = tl.load(POS + offs_m)
@@ -810,7 +812,7 @@ def _flash_bwd_dkdv_kernel(
     # key indices (tails clamped) and positions as [BLOCK_N, 1] columns, for the hook
     key_idx = tl.minimum(offs_n, seq_len - 1)[:, None]
     if BIAS_FN is not None:
-        key_pos = tl.load(POS + offs_n, mask=col_valid, other=0.0)[:, None]
+        key_pos = tl.load(POS + offs_n, mask=col_valid, other=0)[:, None]
     else:
         key_pos = key_idx
     if BIAS_GRAD_FN is not None:
@@ -1034,7 +1036,7 @@ def _flash_bwd_dq_kernel(
     delta = tl.load(DELTA + offs_m, mask=row_valid, other=0.0)
     row_idx = tl.minimum(offs_m, seq_len - 1)[:, None]
     if BIAS_FN is not None:
-        row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
+        row_pos = tl.load(POS + offs_m, mask=row_valid, other=0)[:, None]
     else:
         row_pos = row_idx
 
@@ -1225,17 +1227,18 @@ def flash_attention_forward(
     causal: bool,
     scale: float,
     qk_tables=None,
-    bias_hook: str | None = None,
+    bias_hook=None,
     bias_params: torch.Tensor | None = None,
     bias_options: dict | None = None,
     config: FlashConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel.
 
-    q, k, v: ``[batch, heads, seq, head_dim]`` (any strides); positions: float32
-    ``[1 or batch, seq]``; key_mask: ``[batch, seq]`` (nonzero = real) or None; qk_tables: an
-    object with ``cos``, ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None; bias_hook:
-    a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor it reads,
+    q, k, v: ``[batch, heads, seq, head_dim]`` (any strides); positions: int32
+    ``[1 or batch, seq]`` (each sequence minus its smallest position); key_mask: ``[batch, seq]``
+    (nonzero = real) or None; qk_tables: an object with ``cos``, ``sin``, ``gain``, ``layout``
+    (see :mod:`.common`) or None; bias_hook: a :class:`.score_bias.BiasHook` or None,
+    bias_params: the tensor it reads,
     bias_options: its compile-time options (``ScoreBias.options``; each set compiles its own
     kernel). Returns ``(out [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32,
     base 2)``.
@@ -1275,7 +1278,7 @@ def flash_attention_backward(
     causal: bool,
     scale: float,
     qk_tables=None,
-    bias_hook: str | None = None,
+    bias_hook=None,
     bias_params: torch.Tensor | None = None,
     bias_options: dict | None = None,
     bias_grad: bool = False,
@@ -1337,5 +1340,5 @@ def flash_attention_backward(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **switches,
     )))  # fmt: skip
-    dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_params.shape) if bias_grad else None
+    dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_shape, None) if bias_grad else None
     return dq, dk, dv, dparams

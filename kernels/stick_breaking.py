@@ -1,7 +1,8 @@
 """Stick-breaking attention (forward and backward), in log space; positions come from the caller.
 
 Tensors q, k, v are ``[batch, heads, seq, head_dim]`` (any strides, see :mod:`.common` for the
-layout convention); ``positions`` is float32 ``[1 or batch, seq]``; ``key_mask`` is
+layout convention); ``positions`` is int32 ``[1 or batch, seq]`` (each sequence counted from its
+smallest position); ``key_mask`` is
 ``[batch, seq]`` (nonzero = real token) or absent.
 
 The function (Tan et al. 2024, "Scaling Stick-Breaking Attention"), for one (batch, head)::
@@ -17,8 +18,8 @@ from the nearest key outward and each worth half: ``A_ij = 1/2 * beta_ij * prod(
 With the caller's q/k tables (``HAS_TABLES``), channel pair ``t`` = ``(x_1, x_2)`` of the token
 at index ``s`` becomes ``g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``g_2 (x_1 sin[s, t] +
 x_2 cos[s, t])`` (``g``: the optional per-channel gain, ``HAS_GAIN``); else ``q' = q``. The
-bias ``b_ij`` is a hook of :mod:`.score_bias` passed in as the constexpr ``BIAS_FN`` (RSE:
-``"linear_distance"``, ``b_ij = -lambda_h |p_i - p_j|``).
+bias ``b_ij`` is a hook object of :mod:`.score_bias` whose function is passed in as the
+constexpr ``BIAS_FN`` (RSE: the linear distance hook, ``b_ij = -lambda_h |p_i - p_j|``).
 
 Everything is in log space, base 2 (``log2(1 - beta) = -softplus(z) log2(e)``; below, ``sp`` is
 ``softplus(z) log2(e)``, clamped at ``CLAMP``)::
@@ -286,9 +287,9 @@ def _load_keys(
         key_ok = key_ok & (tl.load(mask_base + cols, mask=col_in, other=0) != 0)
     kbias = tl.where(key_ok, 0.0, NEG)
     if BIAS_FN is not None:
-        pos_j = tl.load(pos_base + cols, mask=col_in, other=0.0)
+        pos_j = tl.load(pos_base + cols, mask=col_in, other=0)
     else:
-        pos_j = tl.zeros([BLOCK_N], dtype=tl.float32)
+        pos_j = tl.zeros([BLOCK_N], dtype=tl.int32)
     # keys past the end read the last one's k and v (their A is 0): no masks on these loads
     inside = tl.minimum(cols, seq_len - 1)
     k = _load_rotated(
@@ -314,9 +315,9 @@ def _channel_gain(gain_ptr, HEAD_DIM: tl.constexpr, HAS_GAIN: tl.constexpr):
 def _row_positions(pos_base, rows, row_ok, ROWS: tl.constexpr, BIAS_FN: tl.constexpr):
     """The positions of ``rows`` (float32), read only when a score bias needs them."""
     if BIAS_FN is not None:
-        pos = tl.load(pos_base + rows, mask=row_ok, other=0.0)
+        pos = tl.load(pos_base + rows, mask=row_ok, other=0)
     else:
-        pos = tl.zeros([ROWS], dtype=tl.float32)
+        pos = tl.zeros([ROWS], dtype=tl.int32)
     return pos
 
 
@@ -1597,16 +1598,16 @@ def stick_breaking_forward(
     causal: bool,
     scale: float,
     qk_tables=None,
-    bias_hook: str | None = None,
+    bias_hook=None,
     bias_params: torch.Tensor | None = None,
     block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stick-breaking attention forward (see the module docstring for the function).
 
-    Args: q, k, v ``[batch, heads, seq, head_dim]`` (one dtype, any strides); positions float32
+    Args: q, k, v ``[batch, heads, seq, head_dim]`` (one dtype, any strides); positions int32
     ``[1 or batch, seq]``; key_mask ``[batch, seq]`` (nonzero = real) or None; qk_tables: an
     object with ``cos``, ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None (``q' = q``);
-    bias_hook: a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor
+    bias_hook: a :class:`.score_bias.BiasHook` or None, bias_params: the tensor
     it reads; block: force every tile to this size (a power of two >= 16).
 
     Returns ``out`` ``[batch, heads, seq, head_dim]`` (input dtype, contiguous) and ``rowstats``
@@ -1647,7 +1648,7 @@ def stick_breaking_backward(
     causal: bool,
     scale: float,
     qk_tables=None,
-    bias_hook: str | None = None,
+    bias_hook=None,
     bias_params: torch.Tensor | None = None,
     bias_grad: bool = False,
     block: int | None = None,
@@ -1709,5 +1710,5 @@ def stick_breaking_backward(
         BLOCK_M=bm, BLOCK_N=bn, BIAS_GRAD_FN=a.hook.grad if bias_grad else None,
         GRAD_WIDTH=grad_width, num_warps=cfg.bwd_warps, num_stages=cfg.cols_stages, **switches,
     )))  # fmt: skip
-    dparams = a.hook.reduce_grad(partials, batch, heads) if bias_grad else None
+    dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_shape, None) if bias_grad else None
     return dq, dk, dv, dparams

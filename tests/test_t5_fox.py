@@ -249,7 +249,7 @@ if KERNEL_MODE != "unavailable":
     def _buckets_of(BACK, OUT, n, OPTIONS: tl.constexpr, BLOCK: tl.constexpr):
         """``OUT = bucket(BACK)``: the kernels' in-tile T5 bucket of ``p_i - p_j``, alone."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        back = tl.load(BACK + offs, mask=offs < n, other=0.0)
+        back = tl.load(BACK + offs, mask=offs < n, other=0)
         tl.store(OUT + offs, _t5_bucket(back, OPTIONS), mask=offs < n)
 
 
@@ -383,17 +383,18 @@ def test_t5_bucket_in_the_tile_equals_the_reference(bidirectional, num_buckets, 
     """The kernel's bucket (counted against thresholds, no log) for every distance in a range
     well past ``max_distance``, both signs."""
     import triton
-    from course_lib.kernels import score_bias
+
+    from course_lib.encodings.t5 import T5_BUCKETS
 
     back = torch.arange(-3 * max_distance, 3 * max_distance + 1)
-    options = score_bias.SCORE_BIAS_HOOKS["t5_buckets"].kernel_options(
+    options = T5_BUCKETS.kernel_options(
         dict(num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
     )
     device = kernel_device()
     out = torch.empty(back.shape, dtype=torch.int32, device=device)
     block = 1024
     _buckets_of[(triton.cdiv(back.numel(), block),)](
-        back.float().to(device), out, back.numel(), options, block
+        back.to(torch.int32).to(device), out, back.numel(), options, block
     )
     want = relative_position_bucket(
         -back, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
