@@ -19,7 +19,14 @@ Channel pair ``t`` of head_dim ``D`` is channels ``(2t, 2t+1)`` in the ``"interl
 
 which covers RoPE in both layouts, any RoPE scaling (scaled angles, an attention factor folded
 into cos and sin), ExpoSB's amplitude (in cos/sin) and band gain (``gain``), and axial 2D RoPE
-(angles from the row or the column).
+(angles from the row or the column). Keys may have tables of their own (``key_cos``,
+``key_sin``), for a transform that treats queries and keys differently: xPos scales the query's
+pairs by ``zeta^(n/s)`` and the key's by ``zeta^(-m/s)``.
+
+Precision: the tables are float32, built by torch from the positions exactly as the reference
+builds its own (RoPE: ``p * w`` with ``p`` converted to float32), so both backends compute the
+same function at any position; past ``2^24`` a position loses its low bits in that conversion
+(at ``10**8`` it moves by up to 4), on both backends alike.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = [
     "PAIR_LAYOUTS",
     "QKTables",
     "ScoreBias",
+    "distance_score_bias",
     "kernel_positions",
     "registered_hooks",
     "resolve_hook",
@@ -46,14 +54,17 @@ class QKTables:
     """Per-token rotation tables for q and k (constants: no gradient flows into them).
 
     ``cos``, ``sin``: float32 ``[1 or batch, seq, head_dim // 2]`` (a leading 1 is shared by the
-    whole batch); ``gain``: float32 ``[head_dim]`` or None (all ones); ``layout``: one of
-    :data:`PAIR_LAYOUTS`.
+    whole batch); ``gain``: float32 ``[head_dim]`` or None (all ones), on both sides; ``layout``:
+    one of :data:`PAIR_LAYOUTS`; ``key_cos``, ``key_sin``: the keys' own tables, of the same
+    shape as ``cos`` (None: keys use ``cos`` and ``sin`` too). Both kernel families read them.
     """
 
     cos: torch.Tensor
     sin: torch.Tensor
     gain: torch.Tensor | None = None
     layout: str = "interleaved"
+    key_cos: torch.Tensor | None = None
+    key_sin: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -123,19 +134,64 @@ def resolve_hook(hook: object) -> object:
 
 
 def kernel_positions(positions: torch.Tensor) -> torch.Tensor:
-    """Checked integer positions ``[1 or batch, seq]`` -> what the kernels read: int32, each row
-    minus its smallest position.
+    """Checked integer positions ``[1 or batch, seq]`` -> what the kernels read: each row minus
+    its smallest position, subtracted in int64, as float32.
 
-    Hooks subtract positions in integers, so any integer positions work (``10**8 + arange(n)``
-    gives exactly the biases of ``arange(n)``) as long as one sequence spans less than
-    ``2^31``.
+    Every value is then an exact integer (spans below ``2^24``), and so is ``p_i - p_j`` in a
+    hook: any integer positions work (``10**8 + arange(n)`` gives exactly the biases of
+    ``arange(n)``, where float32 positions would have lost their low bits). A sequence spanning
+    ``2^24`` or more is refused.
     """
     positions = positions.to(torch.int64)
     relative = positions - positions.amin(dim=1, keepdim=True)
     span = int(relative.max()) if relative.numel() else 0
     if span > MAX_POSITION_SPAN:
         raise ValueError(
-            f"the positions of one sequence span {span}; the kernels take spans up to "
-            f"{MAX_POSITION_SPAN} (2^31 - 1). Use backend='reference' for such positions."
+            f"the positions of one sequence span {span}; the kernels take positions relative to "
+            f"each sequence's smallest as exact float32 integers, spans up to {MAX_POSITION_SPAN}"
+            " (2^24 - 1). Use backend='reference' for such positions."
         )
-    return relative.to(torch.int32).contiguous()
+    return relative.to(torch.float32).contiguous()
+
+
+def position_steps(positions: torch.Tensor) -> torch.Tensor | None:
+    """The step ``s_b`` of each sequence if its positions are ``p_b + s_b * arange(seq)``
+    (``[1 or batch, 1]`` int64; a row of one token has step 0), else None."""
+    positions = positions.to(torch.int64)
+    seq = positions.shape[-1]
+    if seq == 1:
+        return torch.zeros_like(positions[:, :1])
+    steps = positions[:, 1:2] - positions[:, :1]
+    index = torch.arange(seq, device=positions.device)
+    if not bool((positions - positions[:, :1] == steps * index).all()):
+        return None
+    return steps
+
+
+def distance_score_bias(
+    distance_bias, positions: torch.Tensor, params: dict, heads: int
+) -> ScoreBias | None:
+    """The kernels' per-distance path for a bias of ``p_i - p_j`` written in torch.
+
+    ``distance_bias(distances, params) -> [heads or 1, *distances.shape]`` (an encoding's
+    record field); ``positions`` the checked key positions ``[1 or batch, seq]``. Where each
+    sequence's positions step by a constant ``s`` (``p_i - p_j = s (i - j)``: any offset, any
+    step), the bias of every pair is that of its diagonal ``i - j``: the table ``[1 or batch,
+    heads, 2 seq - 1]`` of ``distance_bias(s * (i - j))`` goes to the kernels' per-distance hook
+    (``course_lib.kernels.score_bias.DIAGONAL_TABLE``), which reads it per pair and returns the
+    sums of ``dS`` along each diagonal; autograd carries them on through ``distance_bias`` to
+    the encoding's parameters. Returns None for other positions (a gap in one sequence): their
+    pairs would not share diagonals.
+    """
+    from course_lib.kernels.score_bias import DIAGONAL_TABLE
+
+    steps = position_steps(positions)
+    if steps is None:
+        return None
+    if bool((steps == steps[:1]).all()):
+        steps = steps[:1]  # one table for the whole batch
+    seq = positions.shape[-1]
+    diagonals = torch.arange(-(seq - 1), seq, device=positions.device)  # i - j
+    table = distance_bias(steps * diagonals, params).movedim(0, 1)  # [1|B, H|1, 2 seq - 1]
+    table = table.expand(table.shape[0], heads, table.shape[-1])
+    return ScoreBias(DIAGONAL_TABLE, per_diagonal=table)

@@ -153,7 +153,8 @@ class Encoding:
         if self.key_transform is not None and self.qk_transform is None:
             raise ValueError(f"{self.name}: key_transform needs a qk_transform for the queries")
         if self.distance_bias is not None:
-            if self.score_bias is not None:
+            derived = getattr(self.score_bias, "distance_bias", None) is self.distance_bias
+            if self.score_bias is not None and not derived:  # (replace() passes it back)
                 raise ValueError(
                     f"{self.name}: give score_bias or distance_bias, not both (the record derives "
                     "score_bias from distance_bias)"
@@ -224,6 +225,7 @@ def _bias_of_distance(distance_bias: Callable) -> Callable:
 
     score_bias.__doc__ = distance_bias.__doc__
     score_bias.__name__ = distance_bias.__name__
+    score_bias.distance_bias = distance_bias
     return score_bias
 
 

@@ -34,7 +34,9 @@ __all__ = [
     "kernel_device",
     "describe_kernel_mode",
     "kernels_available",
+    "kernel_compute_dtype",
     "load_kernel_module",
+    "require_kernels",
     "KernelsUnavailableError",
     "KernelsLocationError",
     "kernels_folder",
@@ -149,6 +151,16 @@ def kernels_available() -> bool:
     return KERNEL_MODE != "unavailable"
 
 
+def kernel_compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels run an input of ``dtype`` in: itself, except bf16 in Triton's CPU
+    interpreter, whose ``tl.dot`` on bf16 tiles returns garbage (numpy has no bf16; a 16x16
+    product was off by about 1e10): there the wrappers run the float32 kernels and round the
+    result to bf16. On a GPU bf16 runs the bf16 kernels."""
+    if KERNEL_MODE == "interpreter" and dtype == torch.bfloat16:
+        return torch.float32
+    return dtype
+
+
 def kernel_device() -> torch.device:
     """The device whose tensors the Triton kernels take in this mode."""
     return torch.device("cuda" if KERNEL_MODE == "compiled" else "cpu")
@@ -169,8 +181,8 @@ def describe_kernel_mode() -> str:
     )
 
 
-def load_kernel_module(name: str) -> ModuleType:
-    """Import ``course_lib.kernels.<name>``; raise a clear error where Triton cannot run."""
+def require_kernels() -> None:
+    """Raise a clear error where Triton cannot run (before any hook or table is built)."""
     if KERNEL_MODE == "unavailable":
         raise KernelsUnavailableError(
             "backend='triton' needs the triton package, which ships wheels for Linux only. "
@@ -178,6 +190,11 @@ def load_kernel_module(name: str) -> ModuleType:
         )
     if KERNEL_MODE == "interpreter":
         _check_interpreter_versions()
+
+
+def load_kernel_module(name: str) -> ModuleType:
+    """Import ``course_lib.kernels.<name>``; raise a clear error where Triton cannot run."""
+    require_kernels()
     return importlib.import_module(f"course_lib.kernels.{name}")
 
 

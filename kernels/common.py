@@ -6,12 +6,14 @@ Layout convention (flash and stick-breaking alike):
   through their four strides, so views such as ``x.view(b, n, h, d).transpose(1, 2)`` go in
   without a copy. What the kernels write (outputs, gradients, row statistics) is allocated
   contiguous by the launchers.
-* ``positions``: int32 ``[1 or batch, seq]``, each sequence's positions minus its smallest one
-  (a leading 1 is read with batch stride 0). Hooks subtract them in integers.
+* ``positions``: float32 ``[1 or batch, seq]``, each sequence's positions minus its smallest one,
+  subtracted in integers by the wrappers (exact: spans below ``2^24``); a leading 1 is read with
+  batch stride 0. So ``p_i - p_j`` in a hook is exact, whatever the positions' size.
 * ``key_mask``: int8 ``[batch, seq]``, nonzero = real token.
 * q/k tables (see :class:`course_lib.kernel_hooks.QKTables`): ``cos``, ``sin`` float32
   ``[1 or batch, seq, head_dim/2]`` (batch stride 0 for a leading 1; seq and pair dimensions
-  contiguous), ``gain`` float32 ``[head_dim]`` or None, ``layout`` in :data:`PAIR_LAYOUTS`.
+  contiguous), ``gain`` float32 ``[head_dim]`` or None, ``layout`` in :data:`PAIR_LAYOUTS`;
+  the keys' own ``key_cos``, ``key_sin`` (same shape and strides), or the same tables again.
 * score-bias parameters: the tensor a hook reads (``per_head`` float32 ``[heads]`` or ``[heads,
   width]``, ``per_token`` ``[batch, heads, seq]``, ``per_diagonal`` ``[1 or batch, heads,
   2 seq - 1]``), moved to the program's (batch, head) by ``batch * stride_bias_b + head *
@@ -59,6 +61,8 @@ def _program_setup(
     KPM,
     COS,
     SIN,
+    KCOS,
+    KSIN,
     BIAS,
     stride_qb,
     stride_qh,
@@ -76,14 +80,17 @@ def _program_setup(
     seq_len,
     REVERSED: tl.constexpr,
 ):
-    """Program ids -> ``(block, batch*heads index, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS)``.
+    """Program ids -> ``(block, batch*heads index, Q, K, V, OUT, POS, KPM, COS, SIN, KCOS, KSIN,
+    BIAS)``.
 
     ``block`` is ``program_id(0)``, counted from the last block if ``REVERSED`` (causal row
     programs: the last blocks have the most work, so they start first); ``program_id(1)`` is
     ``batch * num_heads + head``. Each pointer is moved to this (batch, head): q, k, v and ``OUT``
     (the output in a forward, ``dO`` in a backward) by their batch and head strides, positions
     and tables by their batch stride (0 when shared by the batch), the key mask by
-    ``batch * seq_len``, the score-bias parameters by their batch and head strides.
+    ``batch * seq_len``, the score-bias parameters by their batch and head strides. (A family
+    with other per-(batch, head) tensors passes them in the slots it does not use: CoPE's ``z``
+    table as ``BIAS``.)
     """
     if REVERSED:
         blk = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -100,8 +107,10 @@ def _program_setup(
     KPM += b * seq_len
     COS += b * stride_tab_b
     SIN += b * stride_tab_b
+    KCOS += b * stride_tab_b
+    KSIN += b * stride_tab_b
     BIAS += b * stride_bias_b + h * stride_bias_h
-    return blk, bh, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS
+    return blk, bh, Q, K, V, OUT, POS, KPM, COS, SIN, KCOS, KSIN, BIAS
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -200,6 +209,8 @@ class LaunchArgs:
     mask: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
+    key_cos: torch.Tensor  # the keys' tables (the same tensors when keys share q's)
+    key_sin: torch.Tensor
     gain: torch.Tensor
     bias_params: torch.Tensor
     stride_pos_b: int
@@ -254,13 +265,13 @@ def check_launch_inputs(
     if batch * heads > MAX_BATCH_HEADS:
         _fail(f"batch * heads must be <= {MAX_BATCH_HEADS}, got {batch * heads}")
     if (
-        positions.dtype != torch.int32
+        positions.dtype != torch.float32
         or positions.dim() != 2
         or positions.shape[0] not in (1, batch)
         or positions.shape[1] != seq
     ):
         _fail(
-            f"positions must be int32 [1 or {batch}, {seq}] for the kernel (each sequence's "
+            f"positions must be float32 [1 or {batch}, {seq}] for the kernel (each sequence's "
             f"positions minus its smallest), got {positions.dtype} {tuple(positions.shape)}"
         )
     if key_mask is not None and tuple(key_mask.shape) != (batch, seq):
@@ -313,6 +324,21 @@ def _check_tables(tables, batch: int, seq: int, head_dim: int, device: torch.dev
             "qk_tables.cos and qk_tables.sin must have the same shape, got "
             f"{tuple(tables.cos.shape)} and {tuple(tables.sin.shape)}"
         )
+    key_cos, key_sin = getattr(tables, "key_cos", None), getattr(tables, "key_sin", None)
+    if (key_cos is None) != (key_sin is None):
+        _fail("qk_tables.key_cos and qk_tables.key_sin must be given together (or neither)")
+    for name, table in (("key_cos", key_cos), ("key_sin", key_sin)):
+        if table is None:
+            continue
+        if not isinstance(table, torch.Tensor) or table.dtype != torch.float32:
+            _fail(f"qk_tables.{name} must be a float32 tensor like qk_tables.cos", TypeError)
+        if table.shape != tables.cos.shape:
+            _fail(
+                f"qk_tables.{name} must have the shape of qk_tables.cos, "
+                f"{tuple(tables.cos.shape)}, got {tuple(table.shape)}"
+            )
+        if table.device != device:
+            _fail(f"qk_tables.{name} must be on {device}, got {table.device}")
     gain = tables.gain
     if gain is not None:
         if not isinstance(gain, torch.Tensor) or gain.dtype != torch.float32:
@@ -352,12 +378,17 @@ def prepare_launch(
     else:
         mask = key_mask.to(torch.int8).contiguous()
     if qk_tables is None:
-        cos = sin = gain = dummy
+        cos = sin = key_cos = key_sin = gain = dummy
         stride_tab_b = 0
     else:
-        cos, sin = _dense_rows(qk_tables.cos), _dense_rows(qk_tables.sin)
-        if cos.stride() != sin.stride():
-            cos, sin = cos.contiguous(), sin.contiguous()
+        tables = [qk_tables.cos, qk_tables.sin]
+        if getattr(qk_tables, "key_cos", None) is not None:
+            tables += [qk_tables.key_cos, qk_tables.key_sin]
+        tables = [_dense_rows(t) for t in tables]
+        if len({t.stride() for t in tables}) > 1:  # one set of strides for every table
+            tables = [t.contiguous() for t in tables]
+        cos, sin = tables[:2]
+        key_cos, key_sin = tables[2:] if len(tables) == 4 else (cos, sin)
         stride_tab_b = _batch_stride(cos)
         gain = dummy if qk_tables.gain is None else qk_tables.gain.contiguous()
     hook = None if bias_hook is None else _as_hook(bias_hook)
@@ -371,6 +402,8 @@ def prepare_launch(
         mask=mask,
         cos=cos,
         sin=sin,
+        key_cos=key_cos,
+        key_sin=key_sin,
         gain=gain,
         bias_params=params,
         stride_pos_b=_batch_stride(positions),

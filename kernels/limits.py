@@ -24,9 +24,10 @@ KERNEL_HEAD_DIMS: tuple[int, ...] = (16, 32, 64, 128)
 KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 # batch * heads is the second grid axis of every launch; CUDA allows at most 65535 there.
 MAX_BATCH_HEADS = 65535
-# The kernels read positions as int32 counted from each sequence's smallest position, so the
-# positions of one sequence may span at most this much (any integers, e.g. 10**12 + arange(n)).
-MAX_POSITION_SPAN = 2**31 - 1
+# The kernels read positions as float32 counted from each sequence's smallest position (the
+# wrappers subtract it in integers), exact below 2^24: the positions of one sequence may span at
+# most this much (any integers, e.g. 10**12 + arange(n)).
+MAX_POSITION_SPAN = 2**24 - 1
 # How head_dim is split into the channel pairs a q/k table acts on: pair t is channels
 # (2t, 2t+1) for "interleaved" and (t, t + head_dim/2) for "half".
 PAIR_LAYOUTS: tuple[str, ...] = ("interleaved", "half")

@@ -21,11 +21,11 @@ The hook contract
 -----------------
 ``bias(idx_q, idx_k, pos_q, pos_k, params, BASE2, OPTIONS=None) -> tile`` (float32). ``idx_*``
 are token indices (int, in ``[0, seq)``: the kernels clamp the tail of a block to the last token,
-so a hook may load ``params + idx`` without a mask), ``pos_*`` the position ids as **int32
-counted from the smallest position of the sequence** (the wrappers subtract it, so positions
-such as ``10**8 + arange(n)`` stay exact): a hook subtracts them in integers, ``pos_q - pos_k``,
-and converts the difference to float32 only then (exact for distances below ``2^24``). Both are
-handed over broadcastable to the tile: ``[rows, 1]`` and ``[1, cols]`` when queries are the rows
+so a hook may load ``params + idx`` without a mask), ``pos_*`` the position ids as float32
+**counted from the smallest position of the sequence**: the wrappers subtract it in integers
+(and refuse a sequence spanning ``2^24`` or more), so every value, and ``pos_q - pos_k``, is an
+exact integer however large the positions are (``10**8 + arange(n)`` gives the biases of
+``arange(n)``). Both are handed over broadcastable to the tile: ``[rows, 1]`` and ``[1, cols]`` when queries are the rows
 (every forward, the flash dQ and the stick-breaking kernels), ``[1, cols]`` and ``[rows, 1]`` when
 keys are the rows (the flash dK/dV kernel), so a hook writes ``pos_q - pos_k`` and never cares
 about the orientation. ``params`` is a pointer already moved to this (batch, head) by the strides
@@ -422,12 +422,11 @@ torch). :func:`course_lib.kernel_hooks.distance_score_bias` builds the table fro
 def linear_distance_bias(
     idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
 ):
-    """``-slope * |p_i - p_j|`` with ``slope = per_head[h]`` (times ``log2 e`` if ``BASE2``);
-    the distance is taken in integers, then converted."""
+    """``-slope * |p_i - p_j|`` with ``slope = per_head[h]`` (times ``log2 e`` if ``BASE2``)."""
     slope = tl.load(params)
     if BASE2:
         slope = slope * 1.4426950408889634
-    return -slope * tl.abs(pos_q - pos_k).to(tl.float32)
+    return -slope * tl.abs(pos_q - pos_k)
 
 
 @triton.jit
@@ -437,7 +436,7 @@ def linear_distance_grad(
 ):  # fmt: skip
     """Per key column: ``acc_j -= sum_i dS_ij |p_i - p_j|`` (as ``d b_ij / d slope``
     is ``-|p_i - p_j|``)."""
-    return acc - tl.sum(ds * tl.abs(pos_q - pos_k).to(tl.float32), axis=QUERY_AXIS)
+    return acc - tl.sum(ds * tl.abs(pos_q - pos_k), axis=QUERY_AXIS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,8 +449,7 @@ def exposb_distance_factor(idx_q, idx_k, pos_q, pos_k, params, OPTIONS: tl.const
     """``0.7 + 0.3 exp(-0.005 |p_i - p_j|)``: the factor form of ``exposb_distance_bias`` (one
     ``exp2`` and a multiply-add per pair, no logarithm; ``exp(-0.005 d) = exp2(-0.005 log2(e)
     d)``)."""
-    distance = tl.abs(pos_q - pos_k).to(tl.float32)
-    return 0.7 + 0.3 * tl.exp2(-0.007213475204444817 * distance)
+    return 0.7 + 0.3 * tl.exp2(-0.007213475204444817 * tl.abs(pos_q - pos_k))
 
 
 @triton.jit
@@ -508,7 +506,7 @@ def t5_bucket_thresholds(num_buckets: int, max_distance: int, bidirectional: boo
 
 @triton.jit
 def _t5_bucket(back, OPTIONS: tl.constexpr):
-    """T5's bucket of ``back = p_i - p_j`` (an int32 tile) -> int32 tile.
+    """T5's bucket of ``back = p_i - p_j`` (float32 tile, integral values) -> int32 tile.
 
     ``OPTIONS = (num_buckets, bidirectional, thresholds)``: bidirectional, keys after the query
     (``back < 0``) use the upper half of the buckets; unidirectional, they share bucket 0.
@@ -518,14 +516,14 @@ def _t5_bucket(back, OPTIONS: tl.constexpr):
     THRESHOLDS: tl.constexpr = OPTIONS[2]
     if BIDIRECTIONAL:
         PER_DIRECTION: tl.constexpr = NUM_BUCKETS // 2
-        offset = tl.where(back < 0, PER_DIRECTION, 0)
+        offset = tl.where(back < 0.0, PER_DIRECTION, 0)
         distance = tl.abs(back)
     else:
         PER_DIRECTION: tl.constexpr = NUM_BUCKETS
         offset = 0
-        distance = tl.maximum(back, 0)
+        distance = tl.maximum(back, 0.0)
     EXACT: tl.constexpr = PER_DIRECTION // 2
-    bucket = tl.minimum(distance, EXACT)
+    bucket = tl.minimum(distance, EXACT).to(tl.int32)
     for u in tl.static_range(len(THRESHOLDS)):
         bucket += (distance >= THRESHOLDS[u]).to(tl.int32)
     return offset + bucket

@@ -610,7 +610,7 @@ def test_factor_form_is_exp_of_the_bias(name) -> None:
 
     n = 32
     torch.manual_seed(0)
-    positions = torch.cat([torch.arange(16), torch.randint(0, 10**4, (16,))]).int().to(DEVICE)
+    positions = torch.cat([torch.arange(16), torch.randint(0, 10**4, (16,))]).float().to(DEVICE)
     params = (torch.rand(n) * 0.1).to(DEVICE)
     bias = torch.empty(n, n, device=DEVICE)
     factor = torch.empty(n, n, device=DEVICE)

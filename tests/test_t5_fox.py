@@ -249,7 +249,7 @@ if KERNEL_MODE != "unavailable":
     def _buckets_of(BACK, OUT, n, OPTIONS: tl.constexpr, BLOCK: tl.constexpr):
         """``OUT = bucket(BACK)``: the kernels' in-tile T5 bucket of ``p_i - p_j``, alone."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        back = tl.load(BACK + offs, mask=offs < n, other=0)
+        back = tl.load(BACK + offs, mask=offs < n, other=0.0)
         tl.store(OUT + offs, _t5_bucket(back, OPTIONS), mask=offs < n)
 
 
@@ -394,7 +394,7 @@ def test_t5_bucket_in_the_tile_equals_the_reference(bidirectional, num_buckets, 
     out = torch.empty(back.shape, dtype=torch.int32, device=device)
     block = 1024
     _buckets_of[(triton.cdiv(back.numel(), block),)](
-        back.to(torch.int32).to(device), out, back.numel(), options, block
+        back.float().to(device), out, back.numel(), options, block
     )
     want = relative_position_bucket(
         -back, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance

@@ -65,7 +65,7 @@ if kernels_available():
         if BASE2:
             slope = slope * 1.4426950408889634
             offset = offset * 1.4426950408889634
-        return offset - slope * tl.abs(pos_q - pos_k).to(tl.float32)
+        return offset - slope * tl.abs(pos_q - pos_k)
 
     @triton.jit
     def offset_linear_distance_grad(
@@ -74,7 +74,7 @@ if kernels_available():
     ):  # fmt: skip
         """``acc[0] -= sum_ij dS_ij |p_i - p_j|`` (``d b_ij / d slope = -|p_i - p_j|``) and
         ``acc[1] += sum_ij dS_ij`` (``d b_ij / d offset = 1``): the whole tile in two sums."""
-        d_slope = -tl.sum(ds * tl.abs(pos_q - pos_k).to(tl.float32))
+        d_slope = -tl.sum(ds * tl.abs(pos_q - pos_k))
         d_offset = tl.sum(ds)
         slots = tl.arange(0, acc.shape[0])
         return acc + tl.where(slots == 0, d_slope, d_offset)

@@ -309,7 +309,7 @@ def _plan(v: Variant) -> tuple[list, int]:
         return torch.empty(batch, seq, heads, d, dtype=dt, **meta).transpose(1, 2)
 
     q, k, val, grad_out = projection(), projection(), projection(), projection()
-    positions = torch.empty(1, seq, dtype=torch.int32, **meta)
+    positions = torch.empty(1, seq, dtype=torch.float32, **meta)
     mask = torch.empty(batch, seq, dtype=torch.int8, **meta) if f.mask else None
     tables = None
     if f.tables:
