@@ -184,6 +184,7 @@ def run_report(args) -> dict:
             anchors=dict(tutorial=model.ANCHORS, sb_reference=model.SB_REFERENCE),
             seconds=round(time.time() - t0, 1),
             wrapper_calls=len(vlist),
+            hook_users=variants.hook_users(),
         ),
         compiles=compiles,
         model=costs,
@@ -232,6 +233,14 @@ def model_lines(rep: dict) -> list[str]:
         "cycles per (query, key) pair, sm_90 inner loops (static model, not a time); x = anchor /"
         f" course, anchor = {model.ANCHOR_NAME}; SB = {model.SB_REFERENCE_NAME}",
     ]
+    users = rep["meta"].get("hook_users", {})
+    if users:
+        lines.append(
+            "score-bias hooks and the encodings that can use them (diagonal_table: the "
+            "per-distance path of a bias written in torch; *: its kernel_bias chooses between "
+            "the table and a hook of its own): "
+            + "; ".join(f"{hook} ({', '.join(names) or '-'})" for hook, names in users.items())
+        )
     for e in rep["model"]:
         label = (f"  {e['family']:5} {e['features']:38} {'causal' if e['causal'] else 'bidir ':6} "
                  f"D{e['head_dim']:<3} {e['dtype']}")  # fmt: skip

@@ -25,10 +25,10 @@ so a hook may load ``params + idx`` without a mask), ``pos_*`` the position ids 
 **counted from the smallest position of the sequence**: the wrappers subtract it in integers
 (and refuse a sequence spanning ``2^24`` or more), so every value, and ``pos_q - pos_k``, is an
 exact integer however large the positions are (``10**8 + arange(n)`` gives the biases of
-``arange(n)``). Both are handed over broadcastable to the tile: ``[rows, 1]`` and ``[1, cols]`` when queries are the rows
-(every forward, the flash dQ and the stick-breaking kernels), ``[1, cols]`` and ``[rows, 1]`` when
-keys are the rows (the flash dK/dV kernel), so a hook writes ``pos_q - pos_k`` and never cares
-about the orientation. ``params`` is a pointer already moved to this (batch, head) by the strides
+``arange(n)``). Both are handed over broadcastable to the tile: ``[rows, 1]`` and ``[1, cols]``
+when queries are the rows (every forward, the flash dQ and the stick-breaking kernels),
+``[1, cols]`` and ``[rows, 1]`` when keys are the rows (the flash dK/dV kernel), so a hook writes
+``pos_q - pos_k`` and never cares about the orientation. ``params`` is a pointer already moved to this (batch, head) by the strides
 :meth:`BiasHook.strides` gives: ``per_head`` ``[heads]`` is read with ``tl.load(params)``, a
 ``[heads, width]`` table with ``tl.load(params + column)``, ``per_token`` ``[batch, heads, seq]``
 with ``tl.load(params + idx)``, ``per_diagonal`` ``[1 or batch, heads, 2 seq - 1]`` with

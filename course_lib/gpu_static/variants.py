@@ -45,6 +45,7 @@ __all__ = [
     "compile_ready",
     "compiled_hook",
     "feature_sets",
+    "hook_users",
     "hooks",
     "kernel_package",
     "plan",
@@ -167,6 +168,23 @@ def compiled_hook(hook):
 
 
 _HOOKS: dict[str, object] = {}
+
+
+def hook_users() -> dict[str, list[str]]:
+    """``hook name -> the encodings that can hand it to the kernels``: those that list it in
+    their record's ``kernel_hooks``; for the per-distance table, those with a ``distance_bias``
+    (marked ``*`` where the record's ``kernel_bias`` chooses between the table and a specialised
+    hook of its own)."""
+    from course_lib.kernel_hooks import registered_hooks
+    from course_lib.registry import REGISTRY
+
+    users: dict[str, list[str]] = {name: [] for name in registered_hooks()}
+    for name, encoding in REGISTRY.items():
+        for hook in encoding.kernel_hooks:
+            users.setdefault(hook.name, []).append(name)
+        if encoding.distance_bias is not None and "diagonal_table" in users:
+            users["diagonal_table"].append(name + ("" if encoding.kernel_bias is None else "*"))
+    return users
 
 
 def hooks() -> dict[str, object]:
