@@ -10,7 +10,8 @@
 encodings) or the name of any registered encoding that acts inside attention (see
 :func:`course_lib.registry.attention_methods`). Its record supplies the parts::
 
-    q'_i = T(p_i) q_i,   k'_j = T(p_j) k_j              # 2. per-token transform (or none)
+    q'_i = T(p_i) q_i,   k'_j = T_k(p_j) k_j            # 2. per-token transform (or none;
+                                                         #    T_k = T unless keys have their own)
     s_ij = scale * q'_i . k'_j + b(p_i, p_j)             # 3. score bias (or none)
     s_ij = s_ij + c(s, q')_ij                            #    a bias read off the scores (CoPE)
     A_i  = softmax(s_i)  or  stick-breaking(s_i)          # 4. normaliser, over visible keys
@@ -40,6 +41,7 @@ from course_lib.checks import (
     check_tensor_params,
     default_position_ids,
 )
+from course_lib.kernel_hooks import distance_score_bias
 from course_lib.normalisers import softmax_weights, stick_breaking_weights
 from course_lib.registry import (
     NORMALISER_NAMES,
@@ -147,10 +149,10 @@ def _weights(q, k, encoding, causal, key_padding_mask, key_pos, params):
     q, k = q.to(dt), k.to(dt)  # [B, H, Nq, D], [B, H, Nk, D]
     seq_q, seq_k = q.shape[2], k.shape[2]
     query_pos = None if key_pos is None else key_pos[:, seq_k - seq_q :]  # [1|B, Nq(, 2)]
-    # 2. per-token transform: q'_i = T(p_i) q_i, k'_j = T(p_j) k_j
+    # 2. per-token transform: q'_i = T(p_i) q_i, k'_j = T_k(p_j) k_j (T_k: the keys' own or T)
     if encoding is not None and encoding.qk_transform is not None:
         q = encoding.qk_transform(q, query_pos, params)
-        k = encoding.qk_transform(k, key_pos, params)
+        k = (encoding.key_transform or encoding.qk_transform)(k, key_pos, params)
     # 3. scores and the encoding's bias: s_ij = scale * q'_i . k'_j + b(p_i, p_j)
     scores = torch.matmul(q, k.transpose(-1, -2)) * params["scale"]  # [B, H, Nq, Nk]
     if encoding is not None and encoding.score_bias is not None:
@@ -227,7 +229,15 @@ def attention(
 
 
 def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params):
-    """The fused kernels, given the tables and bias the encoding's kernel hooks build."""
+    """The fused kernels, given the tables and bias the encoding's kernel hooks build.
+
+    Everything was checked by :func:`_prepare` (positions included, once): the kernel wrappers'
+    own checks of positions and mask are skipped (``checked=True``).
+    """
+    from course_lib.flash_ops import FLASH, STICK_BREAKING, fused_attention, prepare_kernel_call
+    from course_lib.runtime import require_kernels
+
+    require_kernels()
     if q.shape[2] != k.shape[2]:
         raise ValueError(
             "backend='triton' needs seq_q == seq_k (no key/value cache); "
@@ -249,23 +259,26 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
             tables = encoding.kernel_tables(key_pos, q.shape[-1], params)
         elif encoding.qk_transform is not None:  # a dense transform: PyTorch, then the kernel
             q = encoding.qk_transform(q, key_pos, params)  # seq_q == seq_k here
-            k = encoding.qk_transform(k, key_pos, params)
-        if encoding.score_bias is not None:
-            bias = encoding.kernel_bias(params)
+            k = (encoding.key_transform or encoding.qk_transform)(k, key_pos, params)
+        if encoding.kernel_bias is not None:
+            bias = encoding.kernel_bias(params, key_pos)
+        elif encoding.distance_bias is not None:  # plain torch: the kernels read it as a table
+            bias = distance_score_bias(encoding.distance_bias, key_pos, params, q.shape[1])
+            if bias is None:
+                raise ValueError(
+                    f"backend='triton' reads method={method!r}'s bias by distance from a table "
+                    "indexed by i - j, which needs the positions of each sequence to step by a "
+                    "constant (e.g. 5 + 2 * arange(n)); got other position_ids. Use "
+                    "backend='reference' for them."
+                )
         normaliser = encoding.normaliser
-    if normaliser == "stick_breaking":
-        from course_lib.stick_ops import stick_breaking_attention as fused
-    else:
-        from course_lib.flash_ops import flash_attention as fused
-    return fused(
-        q, k, v,
-        causal=causal,
-        key_padding_mask=key_padding_mask,
+    family = STICK_BREAKING if normaliser == "stick_breaking" else FLASH
+    call = prepare_kernel_call(
+        q, k, v, kernel=family.name, causal=causal, key_padding_mask=key_padding_mask,
         position_ids=key_pos if bias is not None else None,  # the tables carry the positions
-        scale=params["scale"],
-        qk_tables=tables,
-        score_bias=bias,
+        scale=params["scale"], qk_tables=tables, score_bias=bias, checked=True,
     )  # fmt: skip
+    return fused_attention(family, q, k, v, call, causal)
 
 
 def _with_normaliser(encoding: Encoding | None, method: str, normaliser: str | None):

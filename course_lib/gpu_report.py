@@ -67,6 +67,7 @@ def _variant_list(args) -> list[variants.Variant]:
 def _compile_job(job: tuple) -> dict:
     """Worker: plan the variant again, compile its launch ``index``, analyse the loops."""
     v, index, with_loops = job
+    variants.compile_ready()
     t0 = time.time()
     launch = variants.plan(v)[index]
     row = {}
@@ -194,6 +195,7 @@ def run_report(args) -> dict:
             "turns; both charge in-loop spill traffic at the L1's 128 B/clock per SM",
             seconds=round(time.time() - t0, 1),
             wrapper_calls=len(vlist),
+            hook_users=variants.hook_users(),
         ),
         compiles=compiles,
         model=costs,
@@ -246,6 +248,14 @@ def model_lines(rep: dict) -> list[str]:
         f"tutorial = {model.ANCHOR_NAME}; SB = {model.SB_REFERENCE_NAME} (overlap bound only); "
         "plain = the course's plain flash, same mask, head_dim and dtype",
     ]
+    users = rep["meta"].get("hook_users", {})
+    if users:
+        lines.append(
+            "score-bias hooks and the encodings that can use them (diagonal_table: the "
+            "per-distance path of a bias written in torch; *: its kernel_bias chooses between "
+            "the table and a hook of its own): "
+            + "; ".join(f"{hook} ({', '.join(names) or '-'})" for hook, names in users.items())
+        )
     for e in rep["model"]:
         label = (f"  {e['family']:5} {e['features']:38} {'causal' if e['causal'] else 'bidir ':6} "
                  f"D{e['head_dim']:<3} {e['dtype']}")  # fmt: skip

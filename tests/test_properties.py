@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 from test_bad_input import device_for, method_kwargs
@@ -213,12 +213,7 @@ def test_both_backends_compute_every_encodings_module_alike(name, data):
 
 
 @pytest.mark.skipif(KERNEL_MODE == "compiled", reason="bf16 is drawn with the other dtypes")
-@pytest.mark.xfail(
-    strict=True,
-    reason="Triton's interpreter computes bf16 tl.dot wrongly; the kernels are to refuse bf16 "
-    "there or compute it right (remove this mark when they do)",
-)
-@settings(SETTINGS, phases=(Phase.generate,))  # a known failure: no time spent shrinking it
+@settings(SETTINGS)
 @given(data=st.data())
 def test_bf16_agrees_or_is_refused_in_the_interpreter(data):
     """bf16 in the interpreter: the same function within 2e-2, or a clear refusal naming the
