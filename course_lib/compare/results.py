@@ -26,6 +26,7 @@ from course_lib.compare.claims import (
     plateau_arms,
     spread_of_called,
 )
+from course_lib.compare.files import check_result, read_json
 from course_lib.compare.stats import ALPHA, METRICS, MIN_EFFECT, by_arm, spread
 from course_lib.model import OBJECTIVES
 
@@ -84,6 +85,10 @@ def hardware_label(hardware: dict) -> str:
     return label
 
 
+#: Files in a results folder that are logs, not runs.
+LOG_FILES = ("sessions.json", "timing.json")
+
+
 def load_results(out_dir: str | Path) -> list[dict]:
     """The result dicts saved in ``out_dir`` (``*.json`` of this format), ordered by objective,
     then arm (:func:`course_lib.compare.arms.arm_names` order: the registry's encodings, then
@@ -92,11 +97,12 @@ def load_results(out_dir: str | Path) -> list[dict]:
     order = {name: i for i, name in enumerate(arm_names())}
     results = []
     for path in sorted(out_dir.glob("*.json")):
-        result = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(result, dict) and result.get("identity", {}).get("format_version") == (
-            FORMAT_VERSION
-        ):
-            results.append(result)
+        if path.name in LOG_FILES:
+            continue
+        # a damaged file raises, naming it; one of an older format is left out
+        result = check_result(path, read_json(path), keys=("identity",))
+        if result["identity"].get("format_version") == FORMAT_VERSION:
+            results.append(check_result(path, result))
     if not results:
         raise FileNotFoundError(f"no comparison results (*.json) in {out_dir}")
     results.sort(
@@ -113,13 +119,13 @@ def load_results(out_dir: str | Path) -> list[dict]:
 def load_sessions(out_dir: str | Path) -> list[dict]:
     """The sittings logged in ``<out_dir>/sessions.json`` (``[]`` when there is none)."""
     path = Path(out_dir) / "sessions.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+    return read_json(path) if path.exists() else []
 
 
 def load_timing(out_dir: str | Path) -> dict | None:
     """The timing pass of ``<out_dir>/timing.json`` (None when there is none)."""
     path = Path(out_dir) / "timing.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    return read_json(path) if path.exists() else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,8 +52,10 @@ from pathlib import Path
 import torch
 
 from course_lib.compare.arms import get_arm
+from course_lib.compare.files import ComparisonFileError, check_result, no_runs_message, read_json
 from course_lib.compare.presets import Preset, choose_preset
 from course_lib.compare.results import (
+    LOG_FILES,
     default_out_dir,
     hardware_label,
     load_results,
@@ -69,7 +71,6 @@ from course_lib.data import (
     unigram_entropy,
 )
 from course_lib.distributed import Processes, tensor_fingerprint
-from course_lib.encodings import get_encoding
 from course_lib.evaluate import heldout_loss, peak_memory, shift_and_context_losses
 from course_lib.model import OBJECTIVES, MiniBert
 from course_lib.train import TrainState, learning_rate_sum, probe_finetune, train_model
@@ -239,9 +240,9 @@ def _saved_or_none(
         result_path.unlink(missing_ok=True)
         checkpoint_path.unlink(missing_ok=True)
     if result_path.exists():
-        saved = json.loads(result_path.read_text(encoding="utf-8"))
+        saved = check_result(result_path, read_json(result_path), keys=("identity", "metrics"))
         if saved.get("identity") != identity:
-            raise ValueError(
+            raise ComparisonFileError(
                 f"{result_path} was computed with a different configuration than {what}; "
                 "recompute it with force=True (--force) or use another out_dir"
             )
@@ -349,7 +350,7 @@ def sweep_results(out_dir: str | Path, preset: Preset | str) -> list[dict]:
     folder = Path(out_dir) / "sweep"
     found = []
     for path in sorted(folder.glob("*.json")) if folder.exists() else []:
-        result = json.loads(path.read_text(encoding="utf-8"))
+        result = check_result(path, read_json(path), keys=("identity", "metrics"))
         if _belongs(result, preset):
             found.append(result)
     return found
@@ -815,8 +816,9 @@ def run_comparison(
                 )
 
     def trains(objective: str, arm: str) -> bool:
-        # a causal-only encoding (FoX, CoPE) has no masked-LM run: MiniBert's MLM is bidirectional
-        return objective == "clm" or not get_encoding(get_arm(arm).encoding).causal_only
+        # a causal-only encoding (FoX, CoPE) has no masked-LM run: MiniBert's MLM is bidirectional;
+        # an ablation runs only under the objectives its question is about
+        return get_arm(arm).trains(objective)
 
     runs = [(o, a, s) for s in seeds for o in objectives for a in arms if trains(o, a)]
     pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
@@ -926,12 +928,7 @@ def timing_pass(
     rows = []
     from tqdm.auto import tqdm
 
-    todo = [
-        (o, a)
-        for o in objectives
-        for a in arms
-        if o == "clm" or not get_encoding(get_arm(a).encoding).causal_only
-    ]
+    todo = [(o, a) for o in objectives for a in arms if get_arm(a).trains(o)]
     with _torch_threads(threads if threads is not None else _threads(preset)):
         for objective, arm in tqdm(todo, desc="timing", disable=not progress):
             config = replace(
@@ -998,7 +995,10 @@ def write_report(out_dir: str | Path, preset: Preset | str) -> list[Path]:
 
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     out_dir = Path(out_dir)
-    saved = preset_results(out_dir, preset)
+    files = [path for path in out_dir.glob("*.json") if path.name not in LOG_FILES]
+    saved = preset_results(out_dir, preset) if files else []
+    if not saved:
+        raise ComparisonFileError(no_runs_message(out_dir, preset.name, len(files)))
     written = write_figures(saved, out_dir)
     summary = out_dir / "summary.md"
     summary.write_text(

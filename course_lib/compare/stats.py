@@ -24,9 +24,9 @@ The verdicts (what a family of claims concludes, :mod:`course_lib.compare.claims
 with a minimum effect size per kind of metric (:data:`MIN_EFFECT`): a direction is called only
 when the corrected test rejects *and* the estimated effect is at least that large.
 
-This module needs no SciPy: the incomplete beta function is evaluated by its continued fraction
-(modified Lentz), and the t quantile by bisection on the distribution function;
-``tests/test_stats.py`` checks both against ``scipy.stats`` and against hand-computed cases.
+The t distribution, its quantile and Holm's correction come from :mod:`course_lib.student_t`
+(no SciPy; the notebooks' verdicts over seeds use the same module), re-exported here;
+``tests/test_student_t.py`` checks them against ``scipy.stats`` and hand-computed cases.
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from course_lib.student_t import (
+    holm,
+    regularized_incomplete_beta,
+    t_cdf,
+    t_quantile,
+    t_two_sided_p,
+)
 
 __all__ = [
     "ALPHA",
@@ -63,101 +71,6 @@ ALPHA = 0.05
 #: The smallest effect a verdict may call, by kind of metric: a loss (nats per byte) or a rise
 #: of a loss, and a probe accuracy.
 MIN_EFFECT = {"loss": 0.02, "accuracy": 0.05}
-
-
-# ---------------------------------------------------------------------------------------------
-# Student's t distribution
-# ---------------------------------------------------------------------------------------------
-
-
-def _beta_continued_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of ``I_x(a, b)`` (converges fast for ``x < (a + 1)/(a + b + 2)``),
-    evaluated by the modified Lentz method:
-    ``1 / (1 + d_1 / (1 + d_2 / (1 + ...)))`` with
-    ``d_{2m+1} = -(a + m)(a + b + m) x / ((a + 2m)(a + 2m + 1))`` and
-    ``d_{2m} = m (b - m) x / ((a + 2m - 1)(a + 2m))``."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    value = d
-    for m in range(1, 10_000):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            value *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            return value
-    raise ArithmeticError(f"the continued fraction of I_x({a}, {b}) at x={x} did not converge")
-
-
-def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
-    """``I_x(a, b) = B(x; a, b) / B(a, b)`` for ``a, b > 0`` and ``0 <= x <= 1``."""
-    if a <= 0 or b <= 0:
-        raise ValueError(f"a and b must be > 0, got a={a}, b={b}")
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"x must lie in [0, 1], got {x}")
-    if x in (0.0, 1.0):
-        return x
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1.0 - x) / b
-
-
-def t_two_sided_p(t: float, df: float) -> float:
-    """``P(|T| >= |t|)`` for Student's t with ``df`` degrees of freedom."""
-    if df <= 0:
-        raise ValueError(f"degrees of freedom must be > 0, got {df}")
-    if math.isinf(t):
-        return 0.0
-    return regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-
-
-def t_cdf(t: float, df: float) -> float:
-    """``P(T <= t)`` for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * t_two_sided_p(t, df)
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(q: float, df: float) -> float:
-    """The ``t`` with ``P(T <= t) = q`` (bisection on :func:`t_cdf` to 1e-12)."""
-    if not 0.0 < q < 1.0:
-        raise ValueError(f"q must lie in (0, 1), got {q}")
-    if q < 0.5:
-        return -t_quantile(1.0 - q, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < q:
-        low, high = high, 2.0 * high
-    for _ in range(200):
-        middle = 0.5 * (low + high)
-        if t_cdf(middle, df) < q:
-            low = middle
-        else:
-            high = middle
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return 0.5 * (low + high)
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's adjusted p-values, in the order given: ``p_(k)`` (k-th smallest of ``m``) becomes
-    ``max_{j <= k} min(1, (m - j + 1) p_(j))``. Reject hypothesis ``i`` at family-wise level
-    ``alpha`` when its adjusted p-value is ``< alpha``."""
-    m = len(p_values)
-    order = sorted(range(m), key=lambda i: p_values[i])
-    adjusted = [1.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
 
 
 # ---------------------------------------------------------------------------------------------
