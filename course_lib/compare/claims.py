@@ -216,6 +216,7 @@ def _ablation_claims() -> tuple[Claim, ...]:
         Difference(objective, ablation.name, ablation.encoding, name)
         for ablation in ABLATIONS
         for objective in OBJECTIVES
+        if ablation.trains(objective)
         for name in ablation.metrics
     )
 
