@@ -13,6 +13,7 @@ import torch
 
 from course_lib.compare import load_results, main, run_one, write_report
 from course_lib.compare.files import ComparisonFileError, read_result
+from course_lib.compare.results import FORMAT_VERSION
 from course_lib.train import CheckpointError, load_checkpoint
 
 TINY = ["--preset", "tiny", "--no-progress", "--seeds", "0"]
@@ -33,7 +34,10 @@ DAMAGED_RESULTS = {
     "cut short": ('{"identity": {"format_version": 2}, "run": "clm_none', "is not valid JSON"),
     "garbage": ("not json at all", "is not valid JSON"),
     "a list": ("[1, 2]", "holds a JSON list, not a run's results"),
-    "keys missing": ('{"identity": {"format_version": 2}}', "lacks run, arm, encoding"),
+    "keys missing": (
+        json.dumps({"identity": {"format_version": FORMAT_VERSION}}),
+        "lacks run, arm, encoding",
+    ),
 }
 
 
@@ -137,7 +141,7 @@ def test_a_selection_with_no_run_says_why(capsys, extra):
 def _foreign_result(path: Path) -> None:
     """A well-formed results file whose identity is no preset's."""
     result = {
-        "identity": {"format_version": 2, "preset": "elsewhere"},
+        "identity": {"format_version": FORMAT_VERSION, "preset": "elsewhere"},
         "run": "clm_none_s0",
         "arm": "none",
         "encoding": "none",

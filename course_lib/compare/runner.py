@@ -52,7 +52,13 @@ from pathlib import Path
 import torch
 
 from course_lib.compare.arms import get_arm
-from course_lib.compare.files import ComparisonFileError, check_result, no_runs_message, read_json
+from course_lib.compare.files import (
+    RESULT_KEYS,
+    ComparisonFileError,
+    check_result,
+    no_runs_message,
+    read_json,
+)
 from course_lib.compare.presets import Preset, choose_preset
 from course_lib.compare.results import (
     LOG_FILES,
@@ -231,7 +237,12 @@ def _prepare_checkpoint_dir(path: Path) -> None:
 
 
 def _saved_or_none(
-    result_path: Path, checkpoint_path: Path, identity: dict, force: bool, what: str
+    result_path: Path,
+    checkpoint_path: Path,
+    identity: dict,
+    force: bool,
+    what: str,
+    keys: tuple[str, ...] = RESULT_KEYS,
 ) -> dict | None:
     """The results file at ``result_path`` if it belongs to ``identity`` (None if there is
     none); ``force`` deletes it and its checkpoint first; a file of another configuration is
@@ -240,7 +251,7 @@ def _saved_or_none(
         result_path.unlink(missing_ok=True)
         checkpoint_path.unlink(missing_ok=True)
     if result_path.exists():
-        saved = check_result(result_path, read_json(result_path), keys=("identity", "metrics"))
+        saved = check_result(result_path, read_json(result_path), keys=keys)
         if saved.get("identity") != identity:
             raise ComparisonFileError(
                 f"{result_path} was computed with a different configuration than {what}; "
@@ -290,8 +301,9 @@ def run_sweep_one(
     def saved() -> dict | None:
         _prepare_checkpoint_dir(checkpoint_dir)
         return _saved_or_none(
-            result_path, checkpoint_path, identity, force, f"preset {preset.name!r}"
-        )
+            result_path, checkpoint_path, identity, force, f"preset {preset.name!r}",
+            keys=("identity", "metrics"),
+        )  # fmt: skip
 
     found = saved() if team is None else team.from_main(saved)
     if found is not None:
@@ -996,7 +1008,10 @@ def write_report(out_dir: str | Path, preset: Preset | str) -> list[Path]:
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     out_dir = Path(out_dir)
     files = [path for path in out_dir.glob("*.json") if path.name not in LOG_FILES]
-    saved = preset_results(out_dir, preset) if files else []
+    try:
+        saved = preset_results(out_dir, preset) if files else []
+    except FileNotFoundError:  # results files, but none of this format
+        saved = []
     if not saved:
         raise ComparisonFileError(no_runs_message(out_dir, preset.name, len(files)))
     written = write_figures(saved, out_dir)

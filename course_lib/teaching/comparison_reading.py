@@ -124,6 +124,40 @@ class Reading:
         ``side`` or ``"not shown"``)."""
         return self._check(Bound(objective, arm, metric_name, side, value), verdict, None)
 
+    def claims(
+        self,
+        *,
+        objective: str | None = None,
+        metric: str | tuple[str, ...] | None = None,
+        kind: type | tuple[type, ...] | None = None,
+        arm: str | None = None,
+    ) -> list[Verdict]:
+        """The tested verdicts of the family whose claim matches every filter given: its
+        objective, metric name(s), kind (:class:`Difference`, :class:`Change`, :class:`Bound`)
+        and an arm it involves; in the family's order."""
+        metrics = (metric,) if isinstance(metric, str) else metric
+        found = []
+        for claim, verdict in self.verdicts.items():
+            arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
+            if (
+                (objective is None or claim.objective == objective)
+                and (metrics is None or claim.metric in metrics)
+                and (kind is None or isinstance(claim, kind))
+                and (arm is None or arm in arms)
+            ):
+                found.append(verdict)
+        return found
+
+    def say(self, verdicts: list[Verdict], *, called_only: bool = False) -> None:
+        """Print each verdict on one line: the claim, the estimate with its 95% interval over
+        seeds, the p-values and the verdict of the family's rule (called ones first)."""
+        shown = [v for v in verdicts if v.called or not called_only]
+        shown.sort(key=lambda v: not v.called)
+        if not shown:
+            print("  (no claim of this kind has runs yet)" if not verdicts else "  (none called)")
+        for v in shown:
+            print(f"  {v.claim.describe()}: {v.text()}")
+
     def expect_every_seed(
         self,
         objective: str,

@@ -16,6 +16,8 @@ optimiser) small enough to commit.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -28,6 +30,8 @@ from course_lib.model import BertConfig, MiniBert
 
 __all__ = [
     "export_model",
+    "identity_fingerprint",
+    "matches_run",
     "layer_attention_weights",
     "load_model",
     "noun_reach",
@@ -35,15 +39,39 @@ __all__ = [
 ]
 
 
-def export_model(checkpoint: str | Path, model_config: dict, path: str | Path) -> Path:
+def identity_fingerprint(identity: dict) -> str:
+    """A short fingerprint of a run's ``identity`` (its results file's): the same configuration
+    gives the same fingerprint on every machine."""
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def export_model(
+    checkpoint: str | Path, model_config: dict, path: str | Path, identity: dict | None = None
+) -> Path:
     """Write the model weights of a training ``checkpoint`` (from
     :func:`course_lib.train.save_checkpoint`) with its ``model_config`` (a results file's
-    ``identity["model_config"]``) to ``path``; the optimiser state is left out."""
+    ``identity["model_config"]``) to ``path``; the optimiser state is left out. With the run's
+    ``identity`` its fingerprint is saved too, so a reader can tell which results the weights
+    belong to (:func:`matches_run`)."""
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model_config": model_config, "model": saved["model"]}, path)
+    record = {"model_config": model_config, "model": saved["model"]}
+    if identity is not None:
+        record["identity_fingerprint"] = identity_fingerprint(identity)
+    torch.save(record, path)
     return path
+
+
+def matches_run(path: str | Path, result: dict) -> bool:
+    """Whether the model saved at ``path`` was exported from the run whose results dict is
+    ``result`` (False when the file is missing or was exported without a fingerprint)."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    return saved.get("identity_fingerprint") == identity_fingerprint(result["identity"])
 
 
 def load_model(path: str | Path) -> MiniBert:
@@ -183,7 +211,6 @@ def main() -> None:
     fine-tune each of :data:`RETRIEVAL_RUNS` on the retrieval probe as the comparison does
     (its first fine-tune seed) and write what :func:`retrieval_reach` finds to
     ``models/retrieval_reach.json``."""
-    import json
     from dataclasses import replace
 
     from course_lib.compare import PRESETS, default_out_dir
@@ -208,6 +235,7 @@ def main() -> None:
             folder / "checkpoints" / f"{run}.pt",
             result["identity"]["model_config"],
             folder / "models" / f"{run}.pt",
+            identity=result["identity"],
         )
         reach = noun_reach(load_model(path), probe)
         print(f"{path}: gradient {reach['gradient']}")
@@ -218,6 +246,9 @@ def main() -> None:
         config = replace(spec.finetune, seed=spec.finetune_seeds[0])
         outcome = probe_finetune(model_of(run), train_probe, eval_probe, config, keep_model=True)
         found[run] = {
+            "identity_fingerprint": identity_fingerprint(
+                json.loads((folder / f"{run}.json").read_text(encoding="utf-8"))["identity"]
+            ),
             "accuracy": outcome["accuracy"],
             "finetune": {"seed": config.seed, "steps": config.steps},
             **retrieval_reach(outcome["model"], eval_probe),
