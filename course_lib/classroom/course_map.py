@@ -86,7 +86,7 @@ CHAPTERS = (
     Chapter("09_two_dimensions", "Positions in two dimensions", ("02", "03"),
             "axial 2D RoPE and the 2-D shift test; LieRE and ComRoPE; a tiny ViT per encoding"),
     Chapter("10_bert_comparison", "The BERT comparison", ("02", "03", "04", "05"),
-            "every encoding trained on MLM and CLM over three seeds; paired verdicts; probes"),
+            "every encoding on MLM and CLM over five seeds; paired t-tests with Holm's correction; probes"),
 )  # fmt: skip
 
 PATHS = """\
