@@ -54,7 +54,9 @@ from course_lib.teaching.comparison_reading import Reading
 from course_lib.teaching.stick_reach import (
     NOTEBOOK_RUNS,
     RETRIEVAL_RUNS,
+    export_model,
     identity_fingerprint,
+    load_model,
     matches_run,
     retrieval_reach,
 )
@@ -657,6 +659,21 @@ def test_the_models_notebook_10_reads_are_exported_from_the_committed_runs(commi
     reach = json.loads((COMMITTED / "models" / "retrieval_reach.json").read_text())
     for run in RETRIEVAL_RUNS:
         assert reach[run]["identity_fingerprint"] == identity_fingerprint(by_name[run]["identity"])
+
+
+def test_an_exported_model_is_tied_to_the_run_it_came_from(tmp_path):
+    identity = TINY.identity("rope", "clm", 0)
+    model = MiniBert(TINY.model_config("rope", "clm"))
+    torch.save({"model": model.state_dict()}, tmp_path / "run.pt")
+    config = identity["model_config"]
+    path = export_model(tmp_path / "run.pt", config, tmp_path / "m.pt", identity=identity)
+    assert matches_run(path, {"identity": identity})
+    assert not matches_run(path, {"identity": TINY.identity("rope", "clm", 1)})
+    assert not matches_run(tmp_path / "missing.pt", {"identity": identity})
+    bare = export_model(tmp_path / "run.pt", config, tmp_path / "bare.pt")
+    assert not matches_run(bare, {"identity": identity})
+    assert identity_fingerprint(identity) == identity_fingerprint(json.loads(json.dumps(identity)))
+    torch.testing.assert_close(load_model(path).state_dict(), model.state_dict())
 
 
 def test_retrieval_reach_reads_the_attention_on_the_queried_symbol():
