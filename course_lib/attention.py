@@ -235,9 +235,13 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
     own checks of positions and mask are skipped (``checked=True``).
     """
     from course_lib.flash_ops import FLASH, STICK_BREAKING, fused_attention, prepare_kernel_call
-    from course_lib.runtime import require_kernels
+    from course_lib.runtime import check_kernel_tensors, require_kernels
 
     require_kernels()
+    # on the kernels' device, before an encoding reads positions or parameters for them
+    check_kernel_tensors(
+        q, k, v, key_pos, key_padding_mask, *(t for t in params.values() if torch.is_tensor(t))
+    )
     if q.shape[2] != k.shape[2]:
         raise ValueError(
             "backend='triton' needs seq_q == seq_k (no key/value cache); "

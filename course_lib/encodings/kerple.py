@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_choice, check_float_tensor
+from course_lib.checks import any_true, check_choice, check_float_tensor
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -75,9 +75,9 @@ def check_kerple_params(params: dict, *, heads: int, head_dim: int, device, **ca
     variant = check_choice("KERPLE variant", params["variant"], KERPLE_VARIANTS)
     for name in ("r1", "r2"):
         check_float_tensor(params[name], f"KERPLE {name}", "[heads]", device, shape=(heads,))
-        if bool((params[name].detach() <= 0).any()):
+        if any_true(params[name].detach() <= 0):
             raise ValueError(f"KERPLE {name} must be > 0 for every head (the kernel's parameters)")
-    if variant == "power" and bool((params["r2"].detach() > 2).any()):
+    if variant == "power" and any_true(params["r2"].detach() > 2):
         raise ValueError(
             "KERPLE's power variant needs 0 < r2 <= 2 (|d|^r2 is conditionally positive "
             "definite only there)"
