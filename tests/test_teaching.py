@@ -213,3 +213,64 @@ def test_the_core_never_imports_the_teaching_package():
         if re.search(r"^\s*(from|import)\s+course_lib\.teaching", file.read_text(), flags=re.M):
             offenders.append(str(file.relative_to(ROOT)))
     assert offenders == []
+
+
+# -- verdicts over seeds --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("probability", "df", "table"),
+    [(0.975, 1, 12.706205), (0.975, 4, 2.776445), (0.995, 2, 9.924843), (0.999, 9, 4.296806),
+     (0.95, 30, 1.697261), (0.6, 3, 0.2766707)],
+)  # fmt: skip
+def test_student_t_quantiles_match_the_tables(probability, df, table):
+    from course_lib.teaching.seed_verdicts import student_t_cdf, student_t_quantile
+
+    assert student_t_quantile(probability, df) == pytest.approx(table, rel=1e-6)
+    assert student_t_quantile(1 - probability, df) == pytest.approx(-table, rel=1e-6)
+    assert student_t_cdf(table, df) == pytest.approx(probability, abs=1e-6)
+
+
+def test_seed_claims_correct_for_the_family_and_decide_by_the_interval(capsys):
+    from course_lib.teaching.seed_verdicts import SeedClaims
+
+    one, many = SeedClaims(family=1), SeedClaims(family=20)
+    a, b = [1.0, 1.2, 0.9, 1.1, 1.05], [0.5, 0.6, 0.55, 0.5, 0.45]
+    wide = many.paired(a, b)
+    narrow = one.paired(a, b)
+    assert narrow.level == 0.95 and wide.level == pytest.approx(0.9975)
+    assert wide.mean == pytest.approx(narrow.mean) and wide.half_width > narrow.half_width
+    # by hand: mean 0.53, sd of the differences, t_{0.975, 4} = 2.776445
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    sd = (sum((d - 0.53) ** 2 for d in diffs) / 4) ** 0.5
+    assert narrow.half_width == pytest.approx(2.776445 * sd / 5**0.5, rel=1e-6)
+    assert one.expect("a - b", a, b, "higher", margin=0.3).verdict(0.3) == "higher"
+    assert "a - b: +0.530" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="the text says 'lower'"):
+        many.expect("a - b", a, b, "lower")
+    noisy = [0.1, -0.2, 0.15, -0.05, 0.0]
+    many.expect("noise", noisy, [0.0] * 5, "within noise")
+    many.expect("equivalent", noisy, [0.0] * 5, "within", margin=0.5)
+    with pytest.raises(AssertionError):
+        many.expect("not equivalent at 0.1", noisy, [0.0] * 5, "within", margin=0.1)
+    many.expect_every_seed("all positive", a, lambda v: v > 0)
+    with pytest.raises(AssertionError, match="every seed"):
+        many.expect_every_seed("all above 1", a, lambda v: v > 1)
+
+
+def test_seed_claims_refuse_bad_input_and_more_claims_than_the_family():
+    from course_lib.teaching.seed_verdicts import SeedClaims
+
+    with pytest.raises(ValueError, match="family"):
+        SeedClaims(family=0)
+    claims = SeedClaims(family=1)
+    with pytest.raises(ValueError, match="at least 2"):
+        claims.paired([1.0], [0.0])
+    with pytest.raises(ValueError, match="unknown verdict"):
+        claims.expect("x", [1, 2], [0, 0], "better")
+    with pytest.raises(ValueError, match="needs a margin"):
+        claims.expect("x", [1, 2], [0, 0], "within")
+    claims.expect("x", [1.0, 1.1], [0.0, 0.0], "higher")
+    with pytest.raises(AssertionError, match="raise the family size"):
+        claims.expect("y", [1.0, 1.1], [0.0, 0.0], "higher")
+    assert claims.summary().startswith("1 of 1 claims checked")

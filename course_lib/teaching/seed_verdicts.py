@@ -1,0 +1,241 @@
+"""Verdicts from experiments run over several seeds: paired differences with confidence intervals.
+
+A notebook that reads committed results over seeds states claims such as "PI is worse than
+plain RoPE on positions 0-63" or "ALiBi gains less than 0.02 from the context past 64 tokens".
+Each claim compares two arms **seed by seed** (seed ``s`` of both saw the same initialisation and
+data, so the difference removes that shared luck) and rests on the Student-t confidence interval
+of the mean difference::
+
+    mean +- t_{1 - alpha / (2 m), n - 1} * sd / sqrt(n)
+
+over ``n`` seeds, with the **Bonferroni correction** for the ``m`` claims the notebook makes (each
+interval at level ``1 - alpha / m``, so all of them hold together with probability at least
+``1 - alpha``). :class:`SeedClaims` holds that family: ``expect`` prints a claim's numbers and
+raises an ``AssertionError`` when the interval does not support it, so prose cannot drift from
+data. Verdicts:
+
+* ``"higher"`` / ``"lower"``: the interval lies above ``+margin`` / below ``-margin``;
+* ``"within"``: the interval lies inside ``(-margin, +margin)`` (the two are equivalent to that
+  margin);
+* ``"within noise"``: the interval contains 0 (no difference shown; not a proof of equality).
+
+The t quantile is computed here (regularised incomplete beta, bisection) so the course needs no
+statistics package.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["VERDICTS", "student_t_cdf", "student_t_quantile", "PairedDifference", "SeedClaims"]
+
+VERDICTS = ("higher", "lower", "within", "within noise")
+
+
+def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta (modified Lentz method)."""
+    tiny, eps = 1e-300, 1e-15
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 500):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < eps:
+            break
+    return result
+
+
+def _regularised_incomplete_beta(a: float, b: float, x: float) -> float:
+    """``I_x(a, b)``, for ``0 <= x <= 1`` and ``a, b > 0``."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        a * math.log(x)
+        + b * math.log1p(-x)
+        - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b))
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _incomplete_beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _incomplete_beta_fraction(b, a, 1.0 - x) / b
+
+
+def student_t_cdf(t: float, df: int) -> float:
+    """``P(T <= t)`` for Student's t with ``df`` degrees of freedom:
+    ``1 - I_{df / (df + t^2)}(df / 2, 1 / 2) / 2`` for ``t >= 0`` (symmetric below 0)."""
+    if not isinstance(df, int) or df < 1:
+        raise ValueError(f"degrees of freedom must be an integer >= 1, got {df!r}")
+    tail = 0.5 * _regularised_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def student_t_quantile(probability: float, df: int) -> float:
+    """The ``t`` with ``student_t_cdf(t, df) == probability`` (bisection to 1e-12)."""
+    if not 0.0 < probability < 1.0:
+        raise ValueError(f"probability must be in (0, 1), got {probability!r}")
+    if probability < 0.5:
+        return -student_t_quantile(1.0 - probability, df)
+    low, high = 0.0, 1.0
+    while student_t_cdf(high, df) < probability:
+        high *= 2.0
+    while high - low > 1e-12 * max(1.0, high):
+        middle = 0.5 * (low + high)
+        if student_t_cdf(middle, df) < probability:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """``a - b`` seed by seed and the t interval of its mean at confidence ``level``."""
+
+    differences: tuple[float, ...]
+    level: float
+
+    @property
+    def n(self) -> int:
+        return len(self.differences)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.differences)
+
+    @property
+    def sd(self) -> float:
+        return statistics.stdev(self.differences)
+
+    @property
+    def half_width(self) -> float:
+        """``t_{(1 + level) / 2, n - 1} sd / sqrt(n)``."""
+        quantile = student_t_quantile(0.5 + self.level / 2.0, self.n - 1)
+        return quantile * self.sd / math.sqrt(self.n)
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.half_width
+
+    def verdict(self, margin: float = 0.0) -> str:
+        """What the interval supports, with ``margin`` (>= 0) as in the module docstring:
+        ``"higher"``, ``"lower"``, ``"within"`` (only when ``margin > 0``) or ``"within noise"``."""
+        if self.low > margin:
+            return "higher"
+        if self.high < -margin:
+            return "lower"
+        if margin > 0 and -margin < self.low and self.high < margin:
+            return "within"
+        return "within noise"
+
+    def text(self, digits: int = 3) -> str:
+        """``mean [low, high]`` with ``digits`` decimals."""
+        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+
+
+class SeedClaims:
+    """The claims one notebook makes about results over seeds, checked as a family of ``family``
+    claims at joint confidence ``confidence`` (Bonferroni: each at ``1 - (1 - confidence) /
+    family``)."""
+
+    def __init__(self, family: int, confidence: float = 0.95) -> None:
+        if not isinstance(family, int) or family < 1:
+            raise ValueError(
+                f"family must be the number of claims (an integer >= 1), got {family!r}"
+            )
+        if not 0.0 < confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        self.family = family
+        self.confidence = confidence
+        self.checked = 0
+
+    @property
+    def level(self) -> float:
+        """The confidence of each claim's interval."""
+        return 1.0 - (1.0 - self.confidence) / self.family
+
+    def paired(self, a: Sequence[float], b: Sequence[float]) -> PairedDifference:
+        """``a - b`` seed by seed (``a`` and ``b`` in the same seed order, at least 2 seeds)."""
+        if len(a) != len(b) or len(a) < 2:
+            raise ValueError(
+                f"a paired comparison needs the same seeds on both sides, at least 2; got "
+                f"{len(a)} and {len(b)} values"
+            )
+        values = tuple(float(x) - float(y) for x, y in zip(a, b, strict=True))
+        if any(math.isnan(v) for v in values):
+            raise ValueError(f"NaN in the paired differences: {values}")
+        return PairedDifference(values, self.level)
+
+    def expect(
+        self,
+        what: str,
+        a: Sequence[float],
+        b: Sequence[float],
+        verdict: str,
+        margin: float = 0.0,
+        digits: int = 3,
+    ) -> PairedDifference:
+        """Print ``what``, the mean of ``a - b`` over seeds and its interval, and assert that the
+        interval supports ``verdict`` (one of :data:`VERDICTS`) with ``margin``."""
+        if verdict not in VERDICTS:
+            raise ValueError(
+                f"unknown verdict {verdict!r}; valid: {', '.join(map(repr, VERDICTS))}"
+            )
+        if verdict == "within" and margin <= 0:
+            raise ValueError("the verdict 'within' needs a margin > 0")
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin!r}")
+        self._count()
+        diff = self.paired(a, b)
+        got = diff.verdict(margin)
+        band = {"higher": f"> +{margin:g}", "lower": f"< -{margin:g}",
+                "within": f"inside ±{margin:g}", "within noise": "contains 0"}[verdict]  # fmt: skip
+        print(f"{what}: {diff.text(digits)} -> {verdict} ({band})")
+        if got != verdict:
+            raise AssertionError(
+                f"{what}: the text says {verdict!r} (interval {band}); over the seeds the "
+                f"interval is [{diff.low:+.4f}, {diff.high:+.4f}] ({got!r}); per seed: "
+                f"{[round(v, 4) for v in diff.differences]}"
+            )
+        return diff
+
+    def expect_every_seed(
+        self, what: str, values: Sequence[float], holds: Callable[[float], bool], digits: int = 2
+    ) -> None:
+        """Print ``values`` (one per seed) and assert ``holds`` for every one of them."""
+        self._count()
+        shown = ", ".join(f"{v:.{digits}f}" for v in values)
+        ok = len(values) > 0 and all(holds(v) for v in values)
+        print(f"{what}: {shown} -> {'every seed' if ok else 'FAILS'}")
+        if not ok:
+            raise AssertionError(f"{what} does not hold in every seed: {list(values)}")
+
+    def summary(self) -> str:
+        """One line: how many claims were checked, at which level each."""
+        return (
+            f"{self.checked} of {self.family} claims checked, each interval at "
+            f"{100 * self.level:.2f}% (jointly at least {100 * self.confidence:.0f}%)"
+        )
+
+    def _count(self) -> None:
+        if self.checked >= self.family:
+            raise AssertionError(
+                f"more claims than the family of {self.family} the corrections were made for: "
+                "raise the family size"
+            )
+        self.checked += 1
