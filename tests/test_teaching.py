@@ -274,3 +274,39 @@ def test_seed_claims_refuse_bad_input_and_more_claims_than_the_family():
     with pytest.raises(AssertionError, match="raise the family size"):
         claims.expect("y", [1.0, 1.1], [0.0, 0.0], "higher")
     assert claims.summary().startswith("1 of 1 claims checked")
+
+
+# -- notebook 08's counting task ----------------------------------------------------------------
+
+
+def test_counting_targets_are_the_word_k_words_back():
+    from course_lib.teaching.counting_task import CountingTaskConfig, counting_batch, target_index
+
+    config = CountingTaskConfig()
+    ids, targets = counting_batch(torch.Generator().manual_seed(3), 8, 32, config)
+    source = target_index(ids, targets, config)
+    has = targets != -100
+    assert torch.equal(source >= 0, has)
+    assert torch.equal(ids.gather(1, source.clamp(min=0))[has], targets[has])
+    for b in range(2):  # by hand: the words before each position, fillers skipped
+        words = [(t, int(x)) for t, x in enumerate(ids[b]) if x != config.filler]
+        for n, (t, _) in enumerate(words):
+            want = words[n - config.k][0] if n >= config.k else -1
+            assert int(source[b, t]) == want
+
+
+def test_gate_probe_of_a_cope_model_counts_at_the_target():
+    from course_lib.teaching.counting_task import (
+        CountingTaskConfig,
+        gate_probe,
+        train_counting_model,
+    )
+
+    config = CountingTaskConfig(steps=5)
+    run = train_counting_model("cope", config)
+    heads = gate_probe(run.model, config)["heads"]
+    assert len(heads) == config.num_heads
+    for head in heads:
+        low, high = head["count_at_target_range"]
+        assert 0 <= low <= head["count_at_target"] <= high <= config.npos - 1
+        assert 0 < head["attention_at_target"] < 1
