@@ -157,3 +157,24 @@ def test_merge_results_joins_disjoint_seeds_in_order():
         X.merge_results([a, a])
     with pytest.raises(ValueError, match="different 'lengths'"):
         X.merge_results([a, {**b, "lengths": [256]}])
+
+
+def test_results_over_seeds_are_read_per_seed_and_averaged():
+    from course_lib.teaching.rope_scaling_figures import average_runs, seed_values
+
+    def run(seed, shift):
+        entry = {"model": "plain", "length": 128, "buckets": [1.0 + shift, None],
+                 "mean": 2.0 + shift, "per_position": [shift, 2 * shift], "retrieval": None}  # fmt: skip
+        return {"seed": seed, "base": {"rope": {"retrieval_64": shift}}, "zero_shot": [entry],
+                "finetuned": [], "windowed": []}  # fmt: skip
+
+    results = {"lengths": [128], "runs": [run(1, 0.5), run(0, 0.1)]}
+    assert seed_values(results, "zero_shot", "plain", 128) == [2.1, 2.5]  # seed order
+    assert seed_values(results, "base", "rope", 0, lambda b: b["retrieval_64"]) == [0.1, 0.5]
+    mean = average_runs(results)
+    (entry,) = mean["zero_shot"]
+    assert entry["buckets"] == [pytest.approx(1.3), None] and entry["retrieval"] is None
+    assert entry["per_position"] == [pytest.approx(0.3), pytest.approx(0.6)]
+    assert mean["base"]["rope"]["retrieval_64"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="no single zero_shot entry"):
+        seed_values(results, "zero_shot", "ntk", 128)
