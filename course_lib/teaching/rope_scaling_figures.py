@@ -283,20 +283,29 @@ def plot_retrieval(results: dict):
     return fig
 
 
-def bucket_table(results: dict, key: str, length: int) -> str:
-    """A text table of one protocol (``"zero_shot"`` or ``"finetuned"``) at one length:
-    loss per bucket (3 decimals) and retrieval accuracy (2 decimals, ``-`` when not measured)."""
+def bucket_table(
+    results: dict, key: str, length: int, suffix: str = "", header: bool = True
+) -> str:
+    """A text table of one protocol (``"zero_shot"``, ``"finetuned"`` or ``"windowed"``) at one
+    length: loss per bucket (3 decimals) and retrieval accuracy (2 decimals, ``-`` when not
+    measured); ``suffix`` is appended to each row's label, ``header=False`` leaves out the
+    header line (to append rows to another table)."""
     shown = [b for b in results["buckets"] if b[0] < length]
-    header = f"{'':22}" + "".join(f"{f'{a}-{min(b, length) - 1}':>9}" for a, b in shown)
-    lines = [header + f"{'retrieval':>11}"]
+    width = max(30, max(len(label) for label in VARIANT_LABELS.values()) + len(suffix) + 1)
+    lines = []
+    if header:
+        lines.append(
+            f"{'':{width}}"
+            + "".join(f"{f'{a}-{min(b, length) - 1}':>9}" for a, b in shown)
+            + f"{'retrieval':>11}"
+        )
     for entry in results[key]:
         if entry["length"] != length:
             continue
         cells = "".join(f"{v:9.3f}" for v in entry["buckets"] if v is not None)
-        acc = entry["retrieval"]
-        lines.append(
-            f"{VARIANT_LABELS[entry['model']]:22}{cells}{'-' if acc is None else f'{acc:.2f}':>11}"
-        )
+        acc = entry.get("retrieval")
+        label = VARIANT_LABELS[entry["model"]] + suffix
+        lines.append(f"{label:{width}}{cells}{'-' if acc is None else f'{acc:.2f}':>11}")
     return "\n".join(lines)
 
 
