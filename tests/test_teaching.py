@@ -273,7 +273,9 @@ def test_seed_claims_refuse_bad_input_and_more_claims_than_the_family():
     claims.expect("x", [1.0, 1.1], [0.0, 0.0], "higher")
     with pytest.raises(AssertionError, match="raise the family size"):
         claims.expect("y", [1.0, 1.1], [0.0, 0.0], "higher")
-    assert claims.summary().startswith("1 of 1 claims checked")
+    claims.expect_every_seed("per seed", [1.0, 2.0], lambda v: v > 0)  # no share of the family
+    assert claims.summary().startswith("1 of 1 claims checked with intervals")
+    assert claims.summary().endswith("1 statements checked in every seed")
 
 
 # -- notebook 08's counting task ----------------------------------------------------------------
