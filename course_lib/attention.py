@@ -10,15 +10,19 @@
 encodings) or the name of any registered encoding that acts inside attention (see
 :func:`course_lib.registry.attention_methods`). Its record supplies the parts::
 
-    q'_i = T(p_i) q_i,   k'_j = T(p_j) k_j              # 2. per-token transform (or none)
+    q'_i = T(p_i) q_i,   k'_j = T_k(p_j) k_j            # 2. per-token transform (or none;
+                                                         #    T_k = T unless keys have their own)
     s_ij = scale * q'_i . k'_j + b(p_i, p_j)             # 3. score bias (or none)
     s_ij = s_ij + c(s, q')_ij                            #    a bias read off the scores (CoPE)
     A_i  = softmax(s_i)  or  stick-breaking(s_i)          # 4. normaliser, over visible keys
     out_i = sum_j A_ij v_j  (+ (1 - sum_j A_ij) v_i for stick-breaking: the leftover stick)
 
-``scale = 1/sqrt(head_dim)`` unless given. ``backend="reference"`` is the from-scratch PyTorch code
-below; ``backend="triton"`` runs the fused kernels with the tables and bias the record's kernel
-hooks build (``course_lib.flash_ops`` / ``course_lib.stick_ops``): the same function.
+``scale = 1/sqrt(head_dim)`` unless given (a finite number > 0). A padded key
+(``key_padding_mask`` False) gets weight 0, and its k and v rows are zeroed first, so it
+contributes nothing whatever it holds; an empty batch or sequence gives the empty output.
+``backend="reference"`` is the from-scratch PyTorch code below; ``backend="triton"`` runs the
+fused kernels with the tables and bias the record's kernel hooks build
+(``course_lib.flash_ops`` / ``course_lib.stick_ops``): the same function.
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from course_lib.checks import (
     check_key_padding_mask,
     check_position_ids,
     check_qkv,
+    check_scale,
+    check_tensor_params,
     default_position_ids,
 )
+from course_lib.kernel_hooks import distance_score_bias
 from course_lib.normalisers import softmax_weights, stick_breaking_weights
 from course_lib.registry import (
     NORMALISER_NAMES,
@@ -67,12 +74,21 @@ def _params_for(method: str, encoding: Encoding | None, given: dict) -> dict:
 
 
 def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
-    """Validate everything once; return (encoding or None, key positions or None, params)."""
+    """Validate everything once; return (encoding or None, key positions or None, params, k, v).
+
+    Padded keys' rows of k and v come back zeroed: a padded key gets weight 0, and with its
+    rows zeroed it contributes exactly nothing whatever it held (0 * NaN would be NaN), on both
+    backends. ``scale`` is checked (None or a finite number > 0) and every tensor parameter is
+    checked for finiteness (:func:`course_lib.checks.check_tensor_params`) before the method's
+    own ``check_params``.
+    """
     methods = attention_methods()
     check_choice("attention method", method, methods)
     encoding = methods[method]
     check_qkv(q, k, v)
     params = _params_for(method, encoding, params)
+    params["scale"] = check_scale(params["scale"])
+    check_tensor_params(method, params, q.device)
     batch, heads, _, head_dim = q.shape
     seq_k = k.shape[2]
     if not isinstance(causal, bool):
@@ -81,6 +97,8 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
         raise ValueError(f"method={method!r} is causal only: pass causal=True")
     if key_padding_mask is not None:
         check_key_padding_mask(key_padding_mask, batch, seq_k, q.device)
+        padded = ~key_padding_mask[:, None, :, None]  # [B, 1, Nk, 1]
+        k, v = k.masked_fill(padded, 0.0), v.masked_fill(padded, 0.0)
     if encoding is not None and encoding.uses_positions:
         dims = encoding.position_dims
         if position_ids is None and dims == 1:
@@ -111,7 +129,7 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
         )
     if params["scale"] is None:
         params["scale"] = 1.0 / math.sqrt(head_dim)
-    return encoding, position_ids, params
+    return encoding, position_ids, params, k, v
 
 
 def _visible(seq_q, seq_k, causal, key_padding_mask, device):
@@ -131,10 +149,10 @@ def _weights(q, k, encoding, causal, key_padding_mask, key_pos, params):
     q, k = q.to(dt), k.to(dt)  # [B, H, Nq, D], [B, H, Nk, D]
     seq_q, seq_k = q.shape[2], k.shape[2]
     query_pos = None if key_pos is None else key_pos[:, seq_k - seq_q :]  # [1|B, Nq(, 2)]
-    # 2. per-token transform: q'_i = T(p_i) q_i, k'_j = T(p_j) k_j
+    # 2. per-token transform: q'_i = T(p_i) q_i, k'_j = T_k(p_j) k_j (T_k: the keys' own or T)
     if encoding is not None and encoding.qk_transform is not None:
         q = encoding.qk_transform(q, query_pos, params)
-        k = encoding.qk_transform(k, key_pos, params)
+        k = (encoding.key_transform or encoding.qk_transform)(k, key_pos, params)
     # 3. scores and the encoding's bias: s_ij = scale * q'_i . k'_j + b(p_i, p_j)
     scores = torch.matmul(q, k.transpose(-1, -2)) * params["scale"]  # [B, H, Nq, Nk]
     if encoding is not None and encoding.score_bias is not None:
@@ -165,10 +183,9 @@ def attention_weights(
 
     For stick-breaking methods each row sums to at most 1 (the rest goes to the query's own value).
     """
-    v = k  # only shapes matter for validation
-    encoding, key_pos, params = _prepare(
-        q, k, v, method, causal, key_padding_mask, position_ids, params
-    )
+    encoding, key_pos, params, k, _ = _prepare(
+        q, k, k, method, causal, key_padding_mask, position_ids, params
+    )  # k stands in for v: only its shape is checked
     encoding = _with_normaliser(encoding, method, normaliser)
     return _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
 
@@ -194,11 +211,13 @@ def attention(
     other three unchanged (None: the record's); both backends honour it.
     """
     check_choice("backend", backend, BACKENDS)
-    encoding, key_pos, params = _prepare(
+    encoding, key_pos, params, k, v = _prepare(
         q, k, v, method, causal, key_padding_mask, position_ids, params
     )
     encoding = _with_normaliser(encoding, method, normaliser)
-    if backend == "triton":
+    # An empty batch or sequence has nothing to compute: both backends give the empty answer
+    # (the code below handles empty tensors; no kernel is launched).
+    if backend == "triton" and q.numel() > 0:
         return _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params)
     weights = _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
     values = v.to(weights.dtype)
@@ -210,7 +229,15 @@ def attention(
 
 
 def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params):
-    """The fused kernels, given the tables and bias the encoding's kernel hooks build."""
+    """The fused kernels, given the tables and bias the encoding's kernel hooks build.
+
+    Everything was checked by :func:`_prepare` (positions included, once): the kernel wrappers'
+    own checks of positions and mask are skipped (``checked=True``).
+    """
+    from course_lib.flash_ops import FLASH, STICK_BREAKING, fused_attention, prepare_kernel_call
+    from course_lib.runtime import require_kernels
+
+    require_kernels()
     if q.shape[2] != k.shape[2]:
         raise ValueError(
             "backend='triton' needs seq_q == seq_k (no key/value cache); "
@@ -232,23 +259,26 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
             tables = encoding.kernel_tables(key_pos, q.shape[-1], params)
         elif encoding.qk_transform is not None:  # a dense transform: PyTorch, then the kernel
             q = encoding.qk_transform(q, key_pos, params)  # seq_q == seq_k here
-            k = encoding.qk_transform(k, key_pos, params)
-        if encoding.score_bias is not None:
-            bias = encoding.kernel_bias(params)
+            k = (encoding.key_transform or encoding.qk_transform)(k, key_pos, params)
+        if encoding.kernel_bias is not None:
+            bias = encoding.kernel_bias(params, key_pos)
+        elif encoding.distance_bias is not None:  # plain torch: the kernels read it as a table
+            bias = distance_score_bias(encoding.distance_bias, key_pos, params, q.shape[1])
+            if bias is None:
+                raise ValueError(
+                    f"backend='triton' reads method={method!r}'s bias by distance from a table "
+                    "indexed by i - j, which needs the positions of each sequence to step by a "
+                    "constant (e.g. 5 + 2 * arange(n)); got other position_ids. Use "
+                    "backend='reference' for them."
+                )
         normaliser = encoding.normaliser
-    if normaliser == "stick_breaking":
-        from course_lib.stick_ops import stick_breaking_attention as fused
-    else:
-        from course_lib.flash_ops import flash_attention as fused
-    return fused(
-        q, k, v,
-        causal=causal,
-        key_padding_mask=key_padding_mask,
+    family = STICK_BREAKING if normaliser == "stick_breaking" else FLASH
+    call = prepare_kernel_call(
+        q, k, v, kernel=family.name, causal=causal, key_padding_mask=key_padding_mask,
         position_ids=key_pos if bias is not None else None,  # the tables carry the positions
-        scale=params["scale"],
-        qk_tables=tables,
-        score_bias=bias,
+        scale=params["scale"], qk_tables=tables, score_bias=bias, checked=True,
     )  # fmt: skip
+    return fused_attention(family, q, k, v, call, causal)
 
 
 def _with_normaliser(encoding: Encoding | None, method: str, normaliser: str | None):

@@ -8,9 +8,10 @@ For every size (``batch = tokens // seq`` sequences of ``heads = hidden // head_
 each size holds the same number of tokens) it times the forward pass and forward + backward of:
 
 * our fused kernels for plain softmax attention and for every encoding of the registry
-  (``course_lib.encodings.REGISTRY``) that acts inside attention: ``flash_attention`` or
-  ``stick_breaking_attention`` (by the record's normaliser) with the q/k tables and score bias
-  its kernel hooks build, once per size, outside the timed call ("kernel <name>"),
+  (``course_lib.encodings.REGISTRY``) that acts inside attention, through
+  ``course_lib.attention.attention(backend="triton")`` itself: the same dispatch a model uses
+  (the record's q/k tables and score bias are built inside the timed call, as in training; the
+  encoding's parameters come from its own module, built once per size) ("kernel <name>"),
 * the from-scratch PyTorch reference ``course_lib.attention.attention(backend="reference")`` of
   the same methods ("reference <name>"; it materialises ``seq x seq`` matrices, so large sizes
   run out of memory: such sizes are skipped up front or recorded as "OOM"),
@@ -39,7 +40,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["main", "attention_flops", "build_methods", "run_benchmark", "exposb_score_mod"]
+__all__ = [
+    "attention_flops",
+    "build_methods",
+    "encoding_params",
+    "exposb_score_mod",
+    "kernel_call",
+    "main",
+    "run_benchmark",
+]
 
 DEFAULT_SEQS = (256, 1024, 4096, 8192)
 QUICK_SEQS = (256, 1024)
@@ -47,8 +56,6 @@ DEFAULT_HEAD_DIMS = (64, 128)
 BASELINE = "SDPA"
 PASSES = ("fwd", "fwd+bwd")
 DTYPE = torch.bfloat16
-# Values of learned per-head parameters a record declares required (e.g. RSE's penalty).
-PER_HEAD_PARAMS: dict[str, float] = {"distance_penalty": 0.01, "slopes": 0.0625}
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -99,59 +106,36 @@ def _compiled_flex_attention(flex_attention):
     return _COMPILED_FLEX[0]
 
 
-def _required_params(encoding, heads: int, device: torch.device) -> dict | str:
-    """Benchmark values for the parameters a record declares required (learned per-head
-    tensors: a constant ``[heads]``), or a status string naming one it cannot fill."""
-    from course_lib.registry import REQUIRED
-
-    values = {}
-    for name, default in encoding.params.items():
-        if default is not REQUIRED:
-            continue
-        if name in PER_HEAD_PARAMS:
-            values[name] = torch.full((heads,), PER_HEAD_PARAMS[name], device=device)
-        else:
-            return f"n/a (needs parameter {name!r})"
-    return values
-
-
-def kernel_call(encoding, causal: bool, seq: int, heads: int, head_dim: int, device) -> Attention:
-    """The fused kernel of ``encoding`` (None: plain softmax attention), its tables and score
-    bias built once from the record's kernel hooks, so only the kernel is timed."""
-    from course_lib.flash_ops import flash_attention
-    from course_lib.stick_ops import stick_breaking_attention
-
+def encoding_params(encoding, batch: int, heads: int, seq: int, head_dim: int, device) -> dict:
+    """The parameters ``attention(method=...)`` gets from the encoding's own module (as in a
+    model: learned tensors, and terms computed from hidden states such as FoX's gates), for
+    ``batch`` random sequences of ``seq`` tokens; built once per size, outside the timings."""
     if encoding is None:
-        return lambda q, k, v: flash_attention(q, k, v, causal=causal)
-    if encoding.kernel_support:
+        return {}
+    torch.manual_seed(0)
+    module = encoding.module(heads * head_dim, heads, max_position_embeddings=seq).to(device)
+    hidden = torch.randn(batch, seq, heads * head_dim, device=device)
+    return module.attention_params(hidden)
+
+
+def kernel_call(encoding, causal: bool, params: dict) -> Attention:
+    """``attention(method=..., backend="triton")`` of ``encoding`` (None: plain softmax
+    attention): the library's one Triton dispatch, so the benchmark times what a model runs."""
+    from course_lib.attention import attention
+
+    if encoding is not None and encoding.kernel_support:
         raise ValueError(encoding.kernel_support)
-    params = _required_params(encoding, heads, device)
-    if isinstance(params, str):
-        raise ValueError(params)
-    params = {**encoding.params, **params}
-    positions = torch.arange(seq, device=device)[None]
-    if encoding.check_params is not None:  # fills derived defaults, as attention() does
-        encoding.check_params(
-            params, heads=heads, head_dim=head_dim, device=device, causal=causal,
-            positions=positions,
-        )  # fmt: skip
-    tables = bias = None
-    if encoding.qk_transform is not None:
-        tables = encoding.kernel_tables(positions, head_dim, params)
-    if encoding.score_bias is not None:
-        bias = encoding.kernel_bias(params)
-    fused = stick_breaking_attention if encoding.normaliser == "stick_breaking" else flash_attention
-    return lambda q, k, v: fused(q, k, v, causal=causal, qk_tables=tables, score_bias=bias)
+    method = "softmax" if encoding is None else encoding.method
+    return lambda q, k, v: attention(
+        q, k, v, method=method, causal=causal, backend="triton", **params
+    )
 
 
-def reference_call(encoding, causal: bool, heads: int, device) -> Attention:
+def reference_call(encoding, causal: bool, params: dict) -> Attention:
     """``attention(method=..., backend="reference")`` of the same method and parameters."""
     from course_lib.attention import attention
 
     method = "softmax" if encoding is None else encoding.method
-    params = {} if encoding is None else _required_params(encoding, heads, device)
-    if isinstance(params, str):
-        raise ValueError(params)
     return lambda q, k, v: attention(
         q, k, v, method=method, causal=causal, backend="reference", **params
     )
@@ -170,23 +154,31 @@ def kernel_encodings() -> dict[str, object]:
 
 
 def build_methods(
-    causal: bool, seq: int, device: torch.device, heads: int = 1, head_dim: int = 64
+    causal: bool,
+    seq: int,
+    device: torch.device,
+    heads: int = 1,
+    head_dim: int = 64,
+    batch: int = 1,
 ) -> dict[str, Attention | str]:
     """Name -> callable ``(q, k, v) -> out``, or a status string where it cannot run here."""
     import torch.nn.functional as F
 
     methods: dict[str, Attention | str] = {}
-    encodings = kernel_encodings()
-    for prefix, build in (
-        ("kernel", lambda enc: kernel_call(enc, causal, seq, heads, head_dim, device)),
-        ("reference", lambda enc: reference_call(enc, causal, heads, device)),
-    ):
-        for name, encoding in encodings.items():
-            if encoding is not None and encoding.causal_only and not causal:
-                methods[f"{prefix} {name}"] = "n/a (causal only)"
-                continue
+    for name, encoding in kernel_encodings().items():
+        if encoding is not None and encoding.causal_only and not causal:
+            methods[f"kernel {name}"] = methods[f"reference {name}"] = "n/a (causal only)"
+            continue
+        try:
+            params = encoding_params(encoding, batch, heads, seq, head_dim, device)
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            methods[f"kernel {name}"] = methods[f"reference {name}"] = (
+                f"n/a ({type(exc).__name__}: {exc})"[:200]
+            )
+            continue
+        for prefix, build in (("kernel", kernel_call), ("reference", reference_call)):
             try:
-                methods[f"{prefix} {name}"] = build(encoding)
+                methods[f"{prefix} {name}"] = build(encoding, causal, params)
             except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
                 methods[f"{prefix} {name}"] = f"n/a ({type(exc).__name__}: {exc})"[:200]
     methods[BASELINE] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -334,7 +326,7 @@ def run_benchmark(
                 q, k, v, grad_out = (
                     torch.randn(shape, device=device, dtype=DTYPE, generator=gen) for _ in range(4)
                 )
-                methods = build_methods(causal, seq, device, heads, head_dim)
+                methods = build_methods(causal, seq, device, heads, head_dim, batch)
                 if seq == seqs[0]:
                     small = build_methods(causal, seq, device, 2, head_dim)
                     errors = agreement(small, q[:1, :2], k[:1, :2], v[:1, :2])

@@ -5,7 +5,9 @@ Every check raises a ``ValueError`` or ``TypeError`` that says what was wrong an
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+import numbers
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -13,7 +15,15 @@ from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
 
 __all__ = [
     "check_choice",
+    "check_int",
+    "check_real",
+    "check_scale",
     "check_even_dim",
+    "check_floating_input",
+    "check_integer_tensor",
+    "check_tensor_params",
+    "has_values",
+    "any_true",
     "check_qkv",
     "check_position_ids",
     "check_key_padding_mask",
@@ -34,12 +44,93 @@ def check_choice(what: str, value: object, allowed: Iterable[str]) -> str:
     return value  # type: ignore[return-value]
 
 
-def check_even_dim(dim: int, what: str) -> None:
-    """``dim`` must be a positive even integer: channels come in pairs."""
-    if not isinstance(dim, int) or dim <= 0 or dim % 2:
+def check_int(what: str, value: object, minimum: int | None = None) -> int:
+    """``value`` as an ``int``: any integer (a numpy one too), never a bool; ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def check_real(
+    what: str,
+    value: object,
+    *,
+    above: float | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
+) -> float:
+    """``value`` as a finite ``float``: an int or a float (numpy's too), never a bool or a
+    string; ``> above``, ``>= at_least``, ``<= at_most`` where given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number, got {value!r} ({type(value).__name__})")
+    number = float(value)
+    bounds = []
+    if above is not None:
+        bounds.append(f"> {above:g}")
+    if at_least is not None:
+        bounds.append(f">= {at_least:g}")
+    if at_most is not None:
+        bounds.append(f"<= {at_most:g}")
+    allowed = "a finite number" + (f" {' and '.join(bounds)}" if bounds else "")
+    if (
+        not math.isfinite(number)
+        or (above is not None and not number > above)
+        or (at_least is not None and not number >= at_least)
+        or (at_most is not None and not number <= at_most)
+    ):
+        raise ValueError(f"{what} must be {allowed}, got {value!r}")
+    return number
+
+
+def check_scale(scale: object) -> float | None:
+    """The score scale of attention: None (``1/sqrt(head_dim)``) or a finite number > 0."""
+    if scale is None:
+        return None
+    return check_real("scale (the factor on q . k)", scale, above=0.0)
+
+
+def check_even_dim(dim: int, what: str) -> int:
+    """``dim`` must be a positive even integer (a numpy integer too): channels come in pairs."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim <= 0 or dim % 2:
         raise ValueError(
-            f"{what} must be a positive even integer (channels come in pairs), got {dim}"
+            f"{what} must be a positive even integer (channels come in pairs), got {dim!r}"
         )
+    return int(dim)
+
+
+def check_floating_input(x: object, what: str, hint: str = "") -> torch.Tensor:
+    """``x`` a real floating-point tensor (not an integer, bool or complex one)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{what} must be a real floating-point tensor (float16/bfloat16/float32/float64), "
+            f"got {x.dtype}{hint}"
+        )
+    return x
+
+
+def check_integer_tensor(x: object, what: str) -> torch.Tensor:
+    """``x`` an integer tensor (not a bool, floating-point or complex one)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
+        raise TypeError(f"{what} must be an integer tensor, got {x.dtype}")
+    return x
+
+
+def has_values(t: torch.Tensor) -> bool:
+    """False for a tensor that holds no memory (``meta``): its shape can be checked, its values
+    cannot (and need not be: nothing is computed from them)."""
+    return t.device.type != "meta"
+
+
+def any_true(condition: torch.Tensor) -> bool:
+    """``bool(condition.any())``, False for a ``meta`` tensor (there are no values to test)."""
+    return has_values(condition) and bool(condition.any())
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -62,6 +153,10 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
         )
     b, h, _, d = q.shape
+    if d < 1:
+        raise ValueError(
+            f"head_dim is 0 (q is {tuple(q.shape)}): every head needs at least one channel"
+        )
     if (k.shape[0], k.shape[1], k.shape[3]) != (b, h, d):
         raise ValueError(
             "q and k must agree in batch, heads and head_dim: "
@@ -146,8 +241,10 @@ def check_float_tensor(
 ) -> None:
     """``value``: a floating-point tensor on ``device`` with finite entries, of ``shape`` if given.
 
-    ``layout`` names the shape in messages, e.g. ``"[heads]"``. Every encoding parameter passed to
-    :func:`course_lib.attention.attention` (slopes, tables, gates) goes through this check.
+    ``layout`` names the shape in messages, e.g. ``"[heads]"``. An encoding's ``check_params``
+    uses it for its own tensors (slopes, tables, gates); every tensor parameter of every method is
+    also checked for finiteness by :func:`check_tensor_params`, whether or not its encoding calls
+    this. A ``meta`` tensor's values are not checked (it has none).
     """
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         raise TypeError(
@@ -159,14 +256,37 @@ def check_float_tensor(
         raise ValueError(f"{name} must have shape {layout} = {want}, got {tuple(value.shape)}")
     if value.device != device:
         raise ValueError(f"{name} is on {value.device} but q is on {device}")
-    if not bool(torch.isfinite(value.detach()).all()):
-        raise ValueError(f"{name} must be finite")
+    _check_finite(value, name)
+
+
+def _check_finite(value: torch.Tensor, name: str) -> None:
+    if any_true(~torch.isfinite(value.detach())):
+        bad = value.detach()[~torch.isfinite(value.detach())]
+        raise ValueError(
+            f"{name} must be finite, got {bad.numel()} entries that are not (e.g. {bad[0].item()})"
+        )
+
+
+def check_tensor_params(method: str, params: Mapping[str, object], device: torch.device) -> None:
+    """Every tensor among an attention method's parameters: on ``device``, and finite if it is
+    floating-point. Run by :func:`course_lib.attention.attention` for every method, so a new
+    encoding's parameters are covered with no code of its own (its ``check_params`` adds the
+    shapes and ranges)."""
+    for name, value in params.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.is_complex():
+            raise TypeError(f"method={method!r}: {name} must be real, got {value.dtype}")
+        if value.device != device:
+            raise ValueError(f"method={method!r}: {name} is on {value.device} but q is on {device}")
+        if value.is_floating_point():
+            _check_finite(value, f"method={method!r}: {name}")
 
 
 def check_distance_penalty(lam: torch.Tensor, heads: int, device: torch.device) -> None:
     """RSE's lambda: a finite, non-negative floating-point tensor ``[heads]`` on ``device``."""
     check_float_tensor(lam, "distance_penalty", "[heads]", device, shape=(heads,))
-    if bool((lam.detach() < 0).any()):
+    if any_true(lam.detach() < 0):
         raise ValueError("distance_penalty (lambda) must be >= 0: it penalises distance")
 
 

@@ -24,7 +24,7 @@ from torch.autograd.function import once_differentiable
 
 from course_lib.checks import check_kernel_qkv, check_key_padding_mask
 from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
-from course_lib.runtime import check_kernel_tensors, load_kernel_module
+from course_lib.runtime import check_kernel_tensors, kernel_compute_dtype, load_kernel_module
 
 __all__ = ["cope_attention"]
 
@@ -65,7 +65,8 @@ def cope_attention(
     """Fused CoPE attention; differentiable in q, k, v and ``position_embeddings``.
 
     Args:
-        q, k, v: ``[batch, heads, seq, head_dim]``, one dtype of fp32/fp16/bf16, head_dim in
+        q, k, v: ``[batch, heads, seq, head_dim]``, one dtype of fp32/fp16/bf16 (bf16 computed
+            in float32 in Triton's interpreter, whose bf16 products are wrong), head_dim in
             {16, 32, 64, 128}, the same seq for queries and keys; any strides.
         position_embeddings: floating ``[npos, head_dim]``, ``npos >= 2``.
         causal: must be True (CoPE counts from the query back to the key).
@@ -95,5 +96,10 @@ def cope_attention(
         check_key_padding_mask(key_padding_mask, batch, seq, q.device)
         mask = key_padding_mask.to(torch.int8).contiguous()
     check_kernel_tensors(q, k, v, e, mask)
-    z = torch.matmul(q.float(), e.float().transpose(0, 1)).contiguous()  # [B, H, N, npos]
-    return _CoPEFunction.apply(q, k, v, z, mask, scale, block)
+    dtype = kernel_compute_dtype(q.dtype)  # bf16 in the interpreter: the float32 kernels
+    inputs = [t.to(dtype) for t in (q, k, v)]
+    # the position logits z stay float32 under autocast too (autocast would run this product
+    # in the 16-bit dtype, and the kernel's counts need float32 logits)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        z = torch.matmul(inputs[0].float(), e.float().transpose(0, 1)).contiguous()  # [B, H, N, npos]
+    return _CoPEFunction.apply(*inputs, z, mask, scale, block).to(q.dtype)

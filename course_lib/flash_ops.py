@@ -1,18 +1,26 @@
-"""Autograd wrapper around the fused flash-attention kernels (``kernels/flash.py``).
+"""Autograd wrappers around the fused kernel families: flash attention and stick-breaking.
 
-``flash_attention(q, k, v, ...)`` computes, for q, k, v ``[batch, heads, seq, head_dim]``::
+``flash_attention(q, k, v, ...)`` (``kernels/flash.py``) computes, for q, k, v ``[batch, heads,
+seq, head_dim]``::
 
     out_i = sum_j softmax_j(scale * q'_i . k'_j + b_ij  over allowed j) v_j
 
 where key ``j`` is allowed for query ``i`` iff it is a real token (``key_padding_mask``) and,
 when causal, ``j <= i`` (by index). The kernels know no encoding: ``q'``, ``k'`` come from the
-caller's per-token tables (:class:`course_lib.kernel_hooks.QKTables`; ``q' = q`` without) and
-``b`` from a named score-bias hook (:class:`course_lib.kernel_hooks.ScoreBias`; 0 without). A
-query with no allowed key outputs 0. Gradients flow to q, k, v and the score bias's tensor
-(``score_bias.per_head`` or ``score_bias.per_token``, whichever its hook reads).
+caller's per-token tables (:class:`course_lib.kernel_hooks.QKTables`; ``q' = q`` without; keys
+may have tables of their own) and ``b`` from a score-bias hook object
+(:class:`course_lib.kernel_hooks.ScoreBias`; 0 without). A query with no allowed key outputs 0.
+Gradients flow to q, k, v and the score bias's tensor (``per_head``, ``per_token`` or
+``per_diagonal``, whichever its hook reads).
 
-The same interface, checks and layout convention serve the stick-breaking wrapper
-(:mod:`course_lib.stick_ops`), which imports :func:`prepare_kernel_call` from here.
+Both families share everything here: the checks and conversions (:func:`prepare_kernel_call`,
+done once per call), and one autograd function that launches a family's forward and backward
+(:func:`fused_attention`); :mod:`course_lib.stick_ops` adds the stick-breaking entry point.
+``attention(backend="triton")`` calls them with inputs it has already checked.
+
+In Triton's CPU interpreter, ``tl.dot`` on bf16 tiles is wrong (numpy has no bf16): there, bf16
+inputs run the float32 kernels and the result is rounded to bf16 (a GPU runs the bf16 kernels;
+the interpreter's answer is the more precise one).
 """
 
 from __future__ import annotations
@@ -29,29 +37,49 @@ from course_lib.checks import (
     check_position_ids,
     default_position_ids,
 )
-from course_lib.kernel_hooks import QKTables, ScoreBias
-from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, SCORE_BIAS_HOOK_NAMES
-from course_lib.runtime import check_kernel_tensors, load_kernel_module
+from course_lib.kernel_hooks import QKTables, ScoreBias, kernel_positions, resolve_hook
+from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
+from course_lib.runtime import check_kernel_tensors, kernel_compute_dtype, load_kernel_module
 
-__all__ = ["KernelCall", "flash_attention", "prepare_kernel_call"]
+__all__ = [
+    "FLASH",
+    "STICK_BREAKING",
+    "KernelCall",
+    "KernelFamily",
+    "flash_attention",
+    "fused_attention",
+    "prepare_kernel_call",
+]
 
 
 @dataclass(frozen=True)
 class KernelCall:
     """What a wrapper hands its kernels after the checks.
 
-    ``positions``: float32 ``[1 or batch, seq]``; ``mask``: int8 ``[batch, seq]`` or None;
-    ``hook``: the score-bias hook's name or None; ``bias_tensor``: the tensor it reads (its
-    ``per_head`` or ``per_token``, as given) or None; ``bias_options``: its compile-time options.
+    ``positions``: float32 ``[1 or batch, seq]``, each row minus its smallest position
+    (:func:`course_lib.kernel_hooks.kernel_positions`); ``mask``: int8 ``[batch, seq]`` or None;
+    ``hook``: the score-bias hook object or None; ``bias_tensor``: the tensor it reads (as given)
+    or None; ``bias_options``: its compile-time options.
     """
 
     scale: float
     positions: torch.Tensor
     mask: torch.Tensor | None
     qk_tables: QKTables | None
-    hook: str | None
+    hook: object | None
     bias_tensor: torch.Tensor | None
     bias_options: dict | None = None
+
+    def launch_options(self, causal: bool, bias_tensor: torch.Tensor | None) -> dict:
+        """The keyword arguments of a family's forward and backward launchers."""
+        return dict(
+            causal=causal,
+            scale=self.scale,
+            qk_tables=self.qk_tables,
+            bias_hook=self.hook,
+            bias_params=None if bias_tensor is None else bias_tensor.detach(),
+            bias_options=self.bias_options,
+        )
 
 
 def prepare_kernel_call(
@@ -66,11 +94,16 @@ def prepare_kernel_call(
     scale: float | None,
     qk_tables: QKTables | None,
     score_bias: ScoreBias | None,
+    checked: bool = False,
 ) -> KernelCall:
     """Check a wrapper's arguments and put them in the form the kernels read.
 
-    q, k, v may be any strided views (no copy is made); positions default to ``arange(seq)``
-    and are converted once to float32 (they only reach the kernels through a score bias).
+    q, k, v may be any strided views (no copy is made). Positions reach the kernels only through
+    a score bias: with one, they default to ``arange(seq)`` and are converted once
+    (:func:`course_lib.kernel_hooks.kernel_positions`); without, they are not read (the caller's
+    tables carry them). ``checked``: the caller (``attention()``) has already checked and
+    defaulted the position ids (``[1 or batch, seq]``) and the key-padding mask; only what the
+    kernels need is checked.
     """
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
@@ -78,16 +111,23 @@ def prepare_kernel_call(
     batch, heads, seq, head_dim = q.shape
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a number, got {scale!r}")
     scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")
-    if position_ids is None:
-        position_ids = default_position_ids(seq, q.device)
-    positions = check_position_ids(position_ids, batch, seq, q.device)
-    positions = positions.to(torch.float32).contiguous()
+    if position_ids is not None and not checked:
+        position_ids = check_position_ids(position_ids, batch, seq, q.device)
+    if score_bias is None:  # positions reach the kernels only through a score bias
+        positions = torch.zeros(1, seq, dtype=torch.float32, device=q.device)
+    else:
+        if position_ids is None:
+            position_ids = default_position_ids(seq, q.device)[None]
+        positions = kernel_positions(position_ids)
     mask = None
     if key_padding_mask is not None:
-        check_key_padding_mask(key_padding_mask, batch, seq, q.device)
+        if not checked:
+            check_key_padding_mask(key_padding_mask, batch, seq, q.device)
         mask = key_padding_mask.to(torch.int8).contiguous()
     tensors = [q, k, v, positions, mask]
     if qk_tables is not None:
@@ -96,28 +136,28 @@ def prepare_kernel_call(
                 f"qk_tables must be a course_lib.kernel_hooks.QKTables, got {type(qk_tables)}"
             )
         tensors += [qk_tables.cos, qk_tables.sin, qk_tables.gain]
+        tensors += [qk_tables.key_cos, qk_tables.key_sin]
     hook = tensor = options = None
     if score_bias is not None:
         if not isinstance(score_bias, ScoreBias):
             raise TypeError(
                 f"score_bias must be a course_lib.kernel_hooks.ScoreBias, got {type(score_bias)}"
             )
-        if score_bias.hook not in SCORE_BIAS_HOOK_NAMES:
-            raise ValueError(
-                f"unknown score-bias hook {score_bias.hook!r}; "
-                f"valid: {', '.join(map(repr, SCORE_BIAS_HOOK_NAMES))}"
-            )
-        hook = score_bias.hook
-        tensor, options = _bias_tensor(score_bias, kernel), dict(score_bias.options)
+        hook = resolve_hook(score_bias.hook)
+        tensor, options = _bias_tensor(score_bias, hook, kernel), dict(score_bias.options)
         tensors.append(tensor)
     check_kernel_tensors(*tensors)
     return KernelCall(scale, positions, mask, qk_tables, hook, tensor, options)
 
 
-def _bias_tensor(score_bias: ScoreBias, kernel: str) -> torch.Tensor | None:
-    """The one tensor the hook reads (``per_head`` or ``per_token``); the other must be None.
-    Also refuses a hook the kernel family does not take."""
-    hook = load_kernel_module("score_bias").get_hook(score_bias.hook)
+def _bias_tensor(score_bias: ScoreBias, hook, kernel: str) -> torch.Tensor | None:
+    """The one tensor the hook reads (``per_head``, ``per_token`` or ``per_diagonal``); the
+    others must be None. Also refuses a hook the kernel family does not take."""
+    if not (hasattr(hook, "bias") and hasattr(hook, "families")):
+        raise TypeError(
+            f"score_bias.hook must be a score-bias hook object (course_lib.kernels.score_bias."
+            f"BiasHook) or the name of a registered one, got {type(hook).__name__}"
+        )
     family = "stick_breaking" if kernel == "stick-breaking" else kernel
     if family not in hook.families:
         raise ValueError(
@@ -131,7 +171,7 @@ def _bias_tensor(score_bias: ScoreBias, kernel: str) -> torch.Tensor | None:
                 else ""
             )
         )
-    for name in ("per_head", "per_token"):
+    for name in ("per_head", "per_token", "per_diagonal"):
         value = getattr(score_bias, name)
         if value is not None and not isinstance(value, torch.Tensor):
             raise TypeError(f"score_bias.{name} must be a tensor, got {type(value)}")
@@ -146,46 +186,72 @@ def _bias_tensor(score_bias: ScoreBias, kernel: str) -> torch.Tensor | None:
     return None if hook.param is None else getattr(score_bias, hook.param)
 
 
-class _FlashAttentionFunction(torch.autograd.Function):
-    """Forward saves q, k, v, out and the per-row log-sum-exp; backward recomputes the tiles."""
+@dataclass(frozen=True)
+class KernelFamily:
+    """A kernel family as the shared autograd function drives it: its kernel module, the names of
+    its forward and backward launchers, and whether its backward takes the forward's output (the
+    flash backward takes ``out`` and its log-sum-exp; stick-breaking only its row statistics)."""
+
+    name: str
+    module: str
+    forward: str
+    backward: str
+    backward_takes_output: bool
+
+
+FLASH = KernelFamily("flash", "flash", "flash_attention_forward", "flash_attention_backward", True)
+STICK_BREAKING = KernelFamily(
+    "stick-breaking", "stick_breaking", "stick_breaking_forward", "stick_breaking_backward", False
+)
+
+
+class _FusedAttentionFunction(torch.autograd.Function):
+    """Forward saves q, k, v and what the family's backward needs (flash: the output and its
+    per-row log-sum-exp; stick-breaking: each stick's total); backward recomputes the tiles."""
 
     @staticmethod
-    def forward(
-        ctx,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        bias_tensor: torch.Tensor | None,
-        call: KernelCall,
-        causal: bool,
-    ) -> torch.Tensor:
-        kernels = load_kernel_module("flash")
-        options = dict(
-            causal=causal,
-            scale=call.scale,
-            qk_tables=call.qk_tables,
-            bias_hook=call.hook,
-            bias_params=None if bias_tensor is None else bias_tensor.detach(),
-            bias_options=call.bias_options,
+    def forward(ctx, q, k, v, bias_tensor, call: KernelCall, causal: bool, family: KernelFamily):
+        kernels = load_kernel_module(family.module)
+        options = call.launch_options(causal, bias_tensor)
+        launch = getattr(kernels, family.forward)
+        out, state = launch(q, k, v, call.positions, call.mask, **options)
+        ctx.save_for_backward(
+            q, k, v, *((out, state) if family.backward_takes_output else (state,))
         )
-        out, lse = kernels.flash_attention_forward(q, k, v, call.positions, call.mask, **options)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.call, ctx.options = call, options
+        ctx.call, ctx.options, ctx.family = call, options, family
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, *saved = ctx.saved_tensors
         call = ctx.call
-        kernels = load_kernel_module("flash")
+        kernels = load_kernel_module(ctx.family.module)
         want_bias_grad = ctx.needs_input_grad[3]
-        dq, dk, dv, dparams = kernels.flash_attention_backward(
-            grad_out, q, k, v, out, lse, call.positions, call.mask,
-            bias_grad=want_bias_grad, **ctx.options,
+        dq, dk, dv, dparams = getattr(kernels, ctx.family.backward)(
+            grad_out, q, k, v, *saved, call.positions, call.mask, bias_grad=want_bias_grad,
+            **ctx.options,
         )  # fmt: skip
         d_bias = dparams.to(call.bias_tensor.dtype) if want_bias_grad else None
-        return dq, dk, dv, d_bias, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_bias, None, None, None
+
+
+def fused_attention(
+    family: KernelFamily, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: KernelCall,
+    causal: bool,
+) -> torch.Tensor:  # fmt: skip
+    """Run ``family``'s kernels on a prepared call (:func:`prepare_kernel_call`), with autograd.
+
+    In Triton's interpreter bf16 inputs run the float32 kernels (see the module docstring): the
+    casts are ordinary torch operations, so gradients come back in bf16.
+    """
+    dtype = kernel_compute_dtype(q.dtype)
+    if dtype != q.dtype:
+        out = _FusedAttentionFunction.apply(
+            q.to(dtype), k.to(dtype), v.to(dtype), call.bias_tensor, call, causal, family
+        )
+        return out.to(q.dtype)
+    return _FusedAttentionFunction.apply(q, k, v, call.bias_tensor, call, causal, family)
 
 
 def flash_attention(
@@ -203,18 +269,21 @@ def flash_attention(
     """Fused flash attention; differentiable in q, k, v and the score bias's tensor.
 
     Args:
-        q, k, v: ``[batch, heads, seq, head_dim]``, one dtype of fp32/fp16/bf16, head_dim in
-            {16, 32, 64, 128}, the same seq for queries and keys; any strides (e.g.
-            ``x.view(b, n, h, d).transpose(1, 2)``), read in place.
+        q, k, v: ``[batch, heads, seq, head_dim]``, one dtype of fp32/fp16/bf16 (bf16 computed
+            in float32 in the interpreter), head_dim in {16, 32, 64, 128}, the same seq for
+            queries and keys; any strides (e.g. ``x.view(b, n, h, d).transpose(1, 2)``), read in
+            place.
         causal: key j is visible to query i only if ``j <= i`` (by index).
         key_padding_mask: bool ``[batch, seq]``, True for real tokens, or None.
         position_ids: integer ``[seq]`` or ``[batch, seq]``; default ``arange(seq)``. Read by
             the score bias (the tables are built by the caller from the same positions).
         scale: logit scale, default ``1/sqrt(head_dim)``.
         qk_tables: per-token q/k tables (``cos``, ``sin`` float32 ``[1 or batch, seq,
-            head_dim/2]``, optional ``gain`` ``[head_dim]``, pair ``layout``), or None.
-        score_bias: a named bias hook with its ``per_head`` (``[heads]`` or ``[heads, width]``)
-            or ``per_token`` (``[batch, heads, seq]``) tensor and its ``options``, or None.
+            head_dim/2]``, optional ``gain`` ``[head_dim]``, pair ``layout``, optional key
+            tables ``key_cos``, ``key_sin``), or None.
+        score_bias: a bias hook object with the tensor it reads (``per_head`` ``[heads]`` or
+            ``[heads, width]``, ``per_token`` ``[batch, heads, seq]`` or ``per_diagonal``
+            ``[1 or batch, heads, 2 seq - 1]``) and its ``options``, or None.
 
     Returns:
         ``[batch, heads, seq, head_dim]`` in the input dtype; rows with no allowed key are 0.
@@ -223,4 +292,4 @@ def flash_attention(
         q, k, v, kernel="flash", causal=causal, key_padding_mask=key_padding_mask,
         position_ids=position_ids, scale=scale, qk_tables=qk_tables, score_bias=score_bias,
     )  # fmt: skip
-    return _FlashAttentionFunction.apply(q, k, v, call.bias_tensor, call, causal)
+    return fused_attention(FLASH, q, k, v, call, causal)

@@ -3,12 +3,15 @@
 ``python -m course_lib.gpu_report`` compiles, ahead of time, every launch the kernel wrappers
 (``kernels/flash.py``, ``kernels/stick_breaking.py``) issue for the benchmark shape (seq 8192,
 batch 2, heads 2048 / head_dim, projections viewed as ``[batch, heads, seq, head_dim]``) for an
-H100 (sm_90) and an A100 (sm_80), and prints, per compiled kernel: tiles, warps, stages,
-registers, spill bytes, shared memory against the per-block limit, how its dots are lowered
-(wgmma / mma.sync / FMA) and an occupancy estimate; then, from the sm_90 machine code, the
-static cost per (query, key) pair of each family's inner loops as a ratio against recorded
-anchors (:mod:`course_lib.gpu_static.model`). It writes ``figures/gpu_report.json`` and
-``figures/gpu_report.png``.
+H100 (sm_90) and an A100 (sm_80) (``--archs`` adds learners' GPUs: sm_75 T4, sm_86 A10 / RTX
+30xx, sm_89 L4 / RTX 40xx, sm_100, sm_120), and prints, per compiled kernel: tiles, warps,
+stages, registers, spill bytes, shared memory against the per-block limit, how its dots are
+lowered (wgmma / tcgen5 / mma.sync / FMA) and an occupancy estimate; then, from the sm_90
+machine code, the static cost per (query, key) pair of each family's tile loops under two
+bounds (perfect overlap of tensor cores and the rest, and none; in-loop spills charged) as
+ratios against recorded anchors and against plain flash (:mod:`course_lib.gpu_static.model`),
+and each kernel's occupancy and barriers per iteration beside the tutorial's. It writes
+``figures/gpu_report.json`` and ``figures/gpu_report.png``.
 
 The launches are not rebuilt here: each comes from running the wrappers themselves on ``meta``
 tensors (:mod:`course_lib.gpu_static.variants`), so the report follows every change of their
@@ -64,6 +67,7 @@ def _variant_list(args) -> list[variants.Variant]:
 def _compile_job(job: tuple) -> dict:
     """Worker: plan the variant again, compile its launch ``index``, analyse the loops."""
     v, index, with_loops = job
+    variants.compile_ready()
     t0 = time.time()
     launch = variants.plan(v)[index]
     row = {}
@@ -155,7 +159,7 @@ def run_report(args) -> dict:
             continue
         entry = dict(v.to_dict(), workspace_bwd=work)
         try:
-            per_kernel, bounds = {}, {}
+            per_kernel, bounds, facts = {}, {}, {}
             for name, key, tiles in refs:
                 r = results[key]
                 if name == "delta":
@@ -165,24 +169,33 @@ def run_report(args) -> dict:
                 c, b = model.kernel_cost(v.family, name, r["loops"], tiles, v.causal,
                                          variants.BENCH_SEQ)  # fmt: skip
                 per_kernel[name], bounds[name] = c, b
+                facts[name] = model.kernel_facts(compiles[index[key]])
             entry.update(model.pair_costs(v.family, per_kernel, v.head_dim), kernels=per_kernel,
-                         bounds=bounds)  # fmt: skip
+                         bounds=bounds, occupancy=facts)  # fmt: skip
             entry["launchable"] = all(compiles[index[k]].get("smem_ok") for _, k, _ in refs)
         except (ValueError, KeyError) as exc:
             entry["error"] = str(exc)
         costs.append(entry)
+    model.relative_to_plain(costs)
     return dict(
         meta=dict(
-            tools=aot.tool_versions(),
+            tools=aot.tool_versions(args.archs),
             shape=dict(
                 seq=variants.BENCH_SEQ, tokens=variants.BENCH_TOKENS, hidden=variants.BENCH_HIDDEN
             ),  # fmt: skip
             targets={a: targets.TARGETS[a].name for a in args.archs},
             note="static analysis of ahead-of-time compiled kernels; no GPU was used and no "
             "time was measured; cycles per pair are a nominal-throughput model, for ratios only",
-            anchors=dict(tutorial=model.ANCHORS, sb_reference=model.SB_REFERENCE),
+            anchors=dict(
+                tutorial=model.ANCHORS,
+                tutorial_occupancy=model.ANCHOR_OCCUPANCY,
+                sb_reference=model.SB_REFERENCE,
+            ),
+            bounds="overlap: tensor cores and the rest overlap perfectly; no_overlap: they take "
+            "turns; both charge in-loop spill traffic at the L1's 128 B/clock per SM",
             seconds=round(time.time() - t0, 1),
             wrapper_calls=len(vlist),
+            hook_users=variants.hook_users(),
         ),
         compiles=compiles,
         model=costs,
@@ -197,10 +210,10 @@ def run_report(args) -> dict:
 
 
 def _dots(r: dict) -> str:
-    n = r["wgmma"] + r["mma"] + r["fma"]
-    if n == 0:
+    kinds = ("wgmma", "tcgen5", "mma", "fma")
+    if not any(r.get(k) for k in kinds):
         return "-"
-    parts = [f"{r[k]}{k}" for k in ("wgmma", "mma", "fma") if r[k]]
+    parts = [f"{r[k]}{k}" for k in kinds if r.get(k)]
     return " ".join(parts) + ("!" if r["fma"] and r["dtype"] != "fp32" else "")
 
 
@@ -227,20 +240,35 @@ def compile_lines(rep: dict) -> list[str]:
 
 
 def model_lines(rep: dict) -> list[str]:
+    """One line per modelled variant: cycles per pair under both bounds, ratios against the
+    tutorial (and the stick-breaking paper's kernel) and against plain flash."""
     lines = [
-        "cycles per (query, key) pair, sm_90 inner loops (static model, not a time); x = anchor /"
-        f" course, anchor = {model.ANCHOR_NAME}; SB = {model.SB_REFERENCE_NAME}",
+        "cycles per (query, key) pair, sm_90 inner loops (static model, not a time); a/b = "
+        "overlap / no-overlap bound, in-loop spills charged at L1 cost; x = anchor / course; "
+        f"tutorial = {model.ANCHOR_NAME}; SB = {model.SB_REFERENCE_NAME} (overlap bound only); "
+        "plain = the course's plain flash, same mask, head_dim and dtype",
     ]
+    users = rep["meta"].get("hook_users", {})
+    if users:
+        lines.append(
+            "score-bias hooks and the encodings that can use them (diagonal_table: the "
+            "per-distance path of a bias written in torch; *: its kernel_bias chooses between "
+            "the table and a hook of its own): "
+            + "; ".join(f"{hook} ({', '.join(names) or '-'})" for hook, names in users.items())
+        )
     for e in rep["model"]:
         label = (f"  {e['family']:5} {e['features']:38} {'causal' if e['causal'] else 'bidir ':6} "
                  f"D{e['head_dim']:<3} {e['dtype']}")  # fmt: skip
         if "error" in e:
             lines.append(f"{label}  not modelled: {e['error']}")
             continue
-        line = (f"{label}  fwd {e['fwd']:.4f} ({e['bounds']['forward']}) bwd {e['bwd']:.4f}  "
-                f"fwd+bwd {e['total_x']:.2f}x")  # fmt: skip
+        line = (f"{label}  fwd {e['fwd']:.4f}/{e['fwd_no']:.4f} ({e['bounds']['forward']}) "
+                f"bwd {e['bwd']:.4f}/{e['bwd_no']:.4f}  tutorial {e['total_x']:.2f}/"
+                f"{e['total_x_no']:.2f}x")  # fmt: skip
+        if "plain_x" in e:
+            line += f"  plain {e['plain_x']:.2f}/{e['plain_x_no']:.2f}x"
         if "sb_total_x" in e and e["causal"]:
-            line += f"  vs SB {e['sb_total_x']:.2f}x"
+            line += f"  SB {e['sb_total_x']:.2f}x"
         line += f"  bwd workspace {e['workspace_bwd'] / 2**20:.0f} MiB"
         if not e.get("launchable", True):
             line += "  [does not launch: shared memory]"
@@ -248,52 +276,87 @@ def model_lines(rep: dict) -> list[str]:
     return lines
 
 
+def occupancy_lines(rep: dict) -> list[str]:
+    """Per modelled kernel (causal variants): resident CTAs x warps per SM, registers,
+    block-wide barriers and spill accesses per iteration, pipelining stages; the tutorial's
+    kernels first, compiled the same way."""
+    h100 = targets.TARGETS[90]
+    lines = ["occupancy on sm_90, causal (CTAs x warps per SM, registers, block-wide barriers "
+             "and spill loads/stores per iteration of the busiest loop, stages)"]  # fmt: skip
+
+    def cell(f: dict) -> str:
+        text = (f"{f['ctas']}x{f['warps']}w {f['regs']}r {f['barriers']}bar "
+                f"{f['stages']}st")  # fmt: skip
+        if f.get("local"):
+            text += f" {f['local']}spill"
+        if f.get("nested"):
+            text += f" {f['nested']}nested"
+        return text
+
+    for d, passes in model.ANCHOR_OCCUPANCY.items():
+        parts = []
+        for name, f in passes.items():
+            occ = targets.occupancy(h100, f["regs"], f["smem"], f["warps"])
+            parts.append(f"{name} " + cell(dict(f, ctas=occ["ctas"])))
+        lines.append(f"  {'tutorial':44} D{d:<3} " + "; ".join(parts))
+    for e in rep["model"]:
+        if "error" in e or not e["causal"]:
+            continue
+        parts = [f"{k} {cell(f)}" for k, f in e["occupancy"].items()]
+        lines.append(f"  {e['family'] + ' ' + e['features']:44} D{e['head_dim']:<3} {e['dtype']} "
+                     + "; ".join(parts))  # fmt: skip
+    return lines
+
+
 def write_figure(rep: dict, path: Path) -> None:
+    """Left: fwd+bwd cost of each causal bf16 variant relative to the tutorial, bars for the
+    no-overlap bound, ticks for the overlap bound. Right: every launch's shared memory against
+    its GPU's per-block limit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [e for e in rep["model"] if "error" not in e and e["dtype"] == "bf16"]
+    ok = [e for e in rep["model"] if "error" not in e and e["dtype"] == "bf16" and e["causal"]]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
     ax = axes[0]
-    labels, vals64, vals128 = [], [], []
-    keys = []
-    for e in ok:
-        if e["causal"]:
-            k = (e["family"], e["features"])
-            if k not in keys:
-                keys.append(k)
-    for k in keys:
-        labels.append(f"{k[0]} {k[1]}")
-        for d, store in ((64, vals64), (128, vals128)):
-            m = [e for e in ok if (e["family"], e["features"]) == k and e["head_dim"] == d
-                 and e["causal"]]  # fmt: skip
-            store.append(m[0]["total_x"] if m else 0.0)
-    y = range(len(labels))
-    ax.barh([i - 0.2 for i in y], vals64, height=0.4, label="head_dim 64")
-    ax.barh([i + 0.2 for i in y], vals128, height=0.4, label="head_dim 128")
+    keys = list(dict.fromkeys((e["family"], e["features"]) for e in ok))
+    for d, shift, color in ((64, -0.2, "C0"), (128, 0.2, "C1")):
+        rows = [(i, e) for i, k in enumerate(keys) for e in ok
+                if (e["family"], e["features"]) == k and e["head_dim"] == d]  # fmt: skip
+        ys = [i + shift for i, _ in rows]
+        ax.barh(ys, [e["total_x_no"] for _, e in rows], height=0.4, color=color,
+                label=f"head_dim {d}, no overlap")  # fmt: skip
+        ax.scatter([e["total_x"] for _, e in rows], ys, marker="|", s=60, color="k",
+                   label="overlap bound" if d == 64 else None)  # fmt: skip
     ax.axvline(1.0, color="k", lw=0.8)
-    ax.set_yticks(list(y), labels, fontsize=7)
+    ax.set_yticks(range(len(keys)), [f"{f} {feat}" for f, feat in keys], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel(
-        "fwd+bwd cycles per pair: tutorial anchor / kernel (static model, higher is better)"
-    )
+    ax.set_xlabel("tutorial's fwd+bwd cycles per pair / kernel's (static model, higher is better)")
     ax.set_title("Static cost model, causal, bf16, sm_90 (not a time)", fontsize=9)
     ax.legend(fontsize=7)
     ax = axes[1]
-    for arch, marker in ((90, "o"), (80, "s")):
+    markers = "os^vD<>p"
+    archs = sorted({r["arch"] for r in rep["compiles"]}, reverse=True)
+    start = 0
+    for arch, marker in zip(archs, markers, strict=False):
         rows = [r for r in rep["compiles"] if r.get("ok") and r["arch"] == arch]
-        ax.scatter(range(len(rows)), [r["smem"] / r["smem_limit"] for r in rows], s=8,
-                   marker=marker, label=f"sm_{arch}")  # fmt: skip
+        ax.scatter(range(start, start + len(rows)), [r["smem"] / r["smem_limit"] for r in rows],
+                   s=8, marker=marker, label=f"sm_{arch} ({_smem_limit_kib(arch)} KiB)")  # fmt: skip
+        start += len(rows)
     ax.axhline(1.0, color="r", lw=0.8)
-    ax.set_xlabel("compiled kernel (report order)")
+    ax.set_xlabel("compiled kernel (report order, by target)")
     ax.set_ylabel("shared memory / per-block limit")
     ax.set_title("Shared memory of every compiled launch", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _smem_limit_kib(arch: int) -> int:
+    """A target's per-block shared-memory limit, KiB."""
+    return targets.TARGETS[arch].smem_per_block // 1024
 
 
 def main(argv=None) -> int:
@@ -347,7 +410,7 @@ def main(argv=None) -> int:
         text += compile_lines(rep)
     else:
         text += _summary_table(rep)
-    text += ["", *model_lines(rep), ""]
+    text += ["", *model_lines(rep), "", *occupancy_lines(rep), ""]
     text += [f"spills > {SPILL_NOTE} B: {s}" for s in rep["spills"]]
     text += [f"FAIL {f}" for f in rep["failures"]]
     n = len(rep["compiles"])
@@ -380,7 +443,7 @@ def _summary_table(rep: dict) -> list[str]:
             else:
                 w = max(rs, key=lambda r: (r["smem"], r["spill_store"], r["regs"]))
                 cell = f"{w['regs']}/{w['spill_store']}/{w['smem'] // 1024}K"
-                cell += " " + _dots(w).replace("wgmma", "wg")
+                cell += " " + _dots(w).replace("wgmma", "wg").replace("tcgen5", "tc5")
                 if not all(r["smem_ok"] for r in rs):
                     cell += " OVER"
                 row.append(cell)
@@ -391,8 +454,8 @@ def _summary_table(rep: dict) -> list[str]:
     ]
     out.append(
         "cell: registers/spill-store bytes/shared KiB (worst of causal and bidir), dots "
-        "(wg = wgmma, mma = mma.sync, fma = CUDA cores, ! = a 16-bit dot off the tensor "
-        "cores), OVER = more shared memory than one block may have"
+        "(wg = wgmma, tc5 = tcgen5, mma = mma.sync, fma = CUDA cores, ! = a 16-bit dot off the "
+        "tensor cores), OVER = more shared memory than one block may have"
     )
     return out
 

@@ -24,7 +24,12 @@ import torch
 from torch import nn
 
 from course_lib.attention import BACKENDS, attention
-from course_lib.checks import check_choice, check_key_padding_mask, check_position_ids
+from course_lib.checks import (
+    check_choice,
+    check_key_padding_mask,
+    check_position_ids,
+    check_real,
+)
 from course_lib.registry import Encoding, get_encoding
 
 __all__ = ["KVCache", "PositionalSelfAttention"]
@@ -54,7 +59,14 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[2]
 
     def append(self, k, v, positions, mask):
-        """Add ``seq`` new keys/values; return everything cached (old then new)."""
+        """Add ``seq`` new keys/values; return everything cached (old then new).
+
+        ``k``, ``v`` ``[batch, heads, seq, head_dim]`` (the same shape), ``positions``
+        ``[1 or batch, seq(, 2)]``, ``mask`` ``[batch, seq]`` bool or None. A cache holds one
+        batch of sequences: new keys must match the cached ones in batch, heads, head_dim, dtype
+        and device.
+        """
+        self._check_new(k, v, positions, mask)
         batch, seq = k.shape[0], k.shape[2]
         positions = positions.expand(batch, seq, *positions.shape[2:])
         if mask is None and (self.mask is not None):
@@ -71,6 +83,42 @@ class KVCache:
                 self.mask = torch.cat((self.mask, mask), dim=1)
         return self.k, self.v, self.positions, self.mask
 
+    def _check_new(self, k, v, positions, mask) -> None:
+        """Clear errors for keys that cannot join this cache (see :meth:`append`)."""
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise ValueError(
+                    f"KVCache.append: {name} must be a 4-D tensor [batch, heads, seq, head_dim], "
+                    f"got {getattr(t, 'shape', type(t).__name__)}"
+                )
+        if k.shape != v.shape:
+            raise ValueError(
+                f"KVCache.append: k and v must have the same shape (one value per key), got "
+                f"{tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        batch, _, seq, _ = k.shape
+        if positions.shape[1] != seq or positions.shape[0] not in (1, batch):
+            raise ValueError(
+                f"KVCache.append: positions must be [1 or {batch}, {seq}, ...] (one per new key), "
+                f"got {tuple(positions.shape)}"
+            )
+        if mask is not None and tuple(mask.shape) != (batch, seq):
+            raise ValueError(
+                f"KVCache.append: mask must be [batch, seq] = [{batch}, {seq}], got "
+                f"{tuple(mask.shape)}"
+            )
+        if self.k is None:
+            return
+        cached = (self.k.shape[0], self.k.shape[1], self.k.shape[3], self.k.dtype, self.k.device)
+        new = (k.shape[0], k.shape[1], k.shape[3], k.dtype, k.device)
+        if cached != new:
+            raise ValueError(
+                "this KVCache holds keys of batch {}, {} heads, head_dim {}, {} on {}; the new "
+                "keys have batch {}, {} heads, head_dim {}, {} on {}. A cache belongs to one batch "
+                "of sequences decoded together: start a new one (model.new_cache()) for another "
+                "batch or model".format(*cached, *new)
+            )
+
     def append_per_key(self, name: str, values: torch.Tensor) -> torch.Tensor:
         """Add the new keys' ``values`` ``[..., seq]`` of a per-key tensor (call after
         :meth:`append`); return it for every cached key ``[..., length]``."""
@@ -82,6 +130,25 @@ class KVCache:
                 f"{self.length}"
             )
         return self.per_key[name]
+
+
+def _check_hidden_dtype(hidden_states: torch.Tensor, weight_dtype: torch.dtype) -> None:
+    """Hidden states of the weights' floating dtype (any floating dtype under autocast)."""
+    if not hidden_states.is_floating_point():
+        raise TypeError(
+            f"hidden_states must be floating-point (the module's weights are {weight_dtype}), "
+            f"got {hidden_states.dtype}"
+        )
+    try:
+        autocast = torch.is_autocast_enabled(hidden_states.device.type)
+    except TypeError:  # torch < 2.4 takes no device type
+        autocast = torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+    if hidden_states.dtype != weight_dtype and not autocast:
+        raise TypeError(
+            f"hidden_states are {hidden_states.dtype} but the module's weights are "
+            f"{weight_dtype}: convert one to the other (e.g. module.to({hidden_states.dtype}) or "
+            f"hidden_states.to({weight_dtype})), or run under torch.autocast"
+        )
 
 
 class PositionalSelfAttention(nn.Module):
@@ -103,7 +170,7 @@ class PositionalSelfAttention(nn.Module):
         super().__init__()
         get_encoding(self.encoding)  # a registered name, or a ValueError listing them
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if hidden_size % num_heads:
             raise ValueError(
@@ -114,7 +181,8 @@ class PositionalSelfAttention(nn.Module):
             raise ValueError(
                 f"max_position_embeddings must be a positive integer, got {max_position_embeddings!r}"
             )
-        if not 0.0 <= dropout < 1.0:
+        dropout = check_real("dropout (a probability)", dropout, at_least=0.0)
+        if not dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.hidden_size = hidden_size
         self.num_heads = num_heads
@@ -172,6 +240,7 @@ class PositionalSelfAttention(nn.Module):
                 f"hidden_states must be [batch, seq, {self.hidden_size}], "
                 f"got {tuple(hidden_states.shape)}"
             )
+        _check_hidden_dtype(hidden_states, self.query.weight.dtype)
         batch, seq, _ = hidden_states.shape
         spec = self.spec
         past = 0 if cache is None else cache.length

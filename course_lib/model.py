@@ -20,14 +20,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.attention import get_attention_class
-from course_lib.checks import check_choice
+from course_lib.attention import BACKENDS, get_attention_class
+from course_lib.checks import check_choice, check_int, check_integer_tensor, check_real
 from course_lib.layers import KVCache
 from course_lib.registry import get_encoding
 
 __all__ = ["BertConfig", "MiniBert", "ModelOutput", "OBJECTIVES"]
 
 OBJECTIVES = ("mlm", "clm")
+
+#: The label that marks a position with nothing to predict (PyTorch's ``ignore_index``).
+IGNORE_LABEL = -100
 
 #: Standard deviation of every linear and embedding weight at initialisation (BERT's).
 INIT_STD = 0.02
@@ -53,6 +56,25 @@ class BertConfig:
     def __post_init__(self) -> None:
         check_choice("objective", self.objective, OBJECTIVES)
         get_attention_class(self.encoding)  # validates the name
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads"):
+            setattr(self, name, check_int(f"BertConfig {name}", getattr(self, name), minimum=1))
+        self.max_position_embeddings = check_int(
+            "BertConfig max_position_embeddings", self.max_position_embeddings, minimum=1
+        )
+        if self.intermediate_size is not None:
+            self.intermediate_size = check_int(
+                "BertConfig intermediate_size", self.intermediate_size, minimum=1
+            )
+        self.dropout = check_real("BertConfig dropout", self.dropout, at_least=0.0)
+        if not self.dropout < 1.0:
+            raise ValueError(f"BertConfig dropout must be in [0, 1), got {self.dropout}")
+        check_choice("backend", self.backend, BACKENDS)
+        if self.encoding_options is not None and not isinstance(self.encoding_options, dict):
+            raise TypeError(
+                "encoding_options must be None or a dict of keyword arguments for the encoding's "
+                f"attention module (e.g. {{'scaling': {{...}}}} for RoPE), got "
+                f"{self.encoding_options!r}"
+            )
         if self.objective == "mlm" and get_encoding(self.encoding).causal_only:
             raise ValueError(
                 f"encoding {self.encoding!r} is causal only and the masked-LM objective attends "
@@ -63,6 +85,25 @@ class BertConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_labels(labels: object, shape: torch.Size, vocab: int) -> None:
+    """Integer labels shaped like input_ids: ids in ``[0, vocab)`` or -100, at least one id."""
+    check_integer_tensor(labels, "labels")
+    if labels.shape != shape:
+        raise ValueError(
+            f"labels must have the shape of input_ids {tuple(shape)}, got {tuple(labels.shape)}"
+        )
+    scored = labels != IGNORE_LABEL
+    outside = scored & ((labels < 0) | (labels >= vocab))
+    nothing_scored, any_outside = torch.stack((~scored.any(), outside.any())).tolist()  # one sync
+    if nothing_scored:
+        raise ValueError(
+            f"every label is {IGNORE_LABEL} (ignored), so the loss would be a mean over no tokens "
+            f"(NaN): give at least one label in [0, {vocab}), or labels=None for logits only"
+        )
+    if any_outside:
+        raise ValueError(f"labels must be token ids in [0, {vocab}) or {IGNORE_LABEL} (ignored)")
 
 
 class ModelOutput(NamedTuple):
@@ -141,18 +182,32 @@ class MiniBert(nn.Module):
         labels: torch.Tensor | None = None,
         cache: list[KVCache] | None = None,
     ) -> ModelOutput:
-        """Logits and (given ``labels``, -100 = ignore) the mean cross-entropy."""
-        if input_ids.dim() != 2 or input_ids.is_floating_point():
+        """Logits and (given ``labels``, -100 = ignore) the mean cross-entropy.
+
+        An empty batch or sequence gives empty logits (``[batch, 0, vocab]`` or
+        ``[0, seq, vocab]``); a loss needs at least one label that is not -100.
+        """
+        check_integer_tensor(input_ids, "input_ids (token ids)")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+        vocab = self.config.vocab_size
+        if input_ids.numel() and (int(input_ids.max()) >= vocab or int(input_ids.min()) < 0):
             raise ValueError(
-                f"input_ids must be integer [batch, seq], got {tuple(input_ids.shape)} {input_ids.dtype}"
+                f"input_ids must be in [0, {vocab}), got values from {int(input_ids.min())} to "
+                f"{int(input_ids.max())}"
             )
-        if int(input_ids.max()) >= self.config.vocab_size or int(input_ids.min()) < 0:
-            raise ValueError(
-                f"input_ids must be in [0, {self.config.vocab_size}), got values outside"
-            )
+        if labels is not None:
+            _check_labels(labels, input_ids.shape, vocab)
         if cache is not None:
             if not self.causal:
                 raise ValueError("a key/value cache is for causal decoding: use objective='clm'")
+            if not isinstance(cache, (list, tuple)) or not all(
+                isinstance(c, KVCache) for c in cache
+            ):
+                raise TypeError(
+                    "cache must be a list of KVCache, one per layer (model.new_cache()), got "
+                    f"{type(cache).__name__}"
+                )
             if len(cache) != len(self.layers):
                 raise ValueError(
                     f"cache must hold one KVCache per layer ({len(self.layers)}), got {len(cache)}"
@@ -166,12 +221,8 @@ class MiniBert(nn.Module):
         logits = F.linear(h, self.token_embeddings.weight, self.head_bias)
         loss = None
         if labels is not None:
-            if labels.shape != input_ids.shape:
-                raise ValueError(
-                    f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(labels.shape)}"
-                )
             loss = F.cross_entropy(
-                logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100
+                logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_LABEL
             )
         return ModelOutput(logits, loss)
 
@@ -196,10 +247,22 @@ class MiniBert(nn.Module):
         row is the one it would get in a full forward pass. ``temperature=0`` is greedy.
         With ``backend="triton"`` the prompt runs the fused kernel and each cached step (one query
         against the cache, which the kernels do not take) runs the reference code of the same
-        function.
+        function. ``max_new_tokens`` is an integer >= 0, ``temperature`` a finite number >= 0
+        and ``prompt_ids`` needs at least one token per row (an empty batch gives an empty
+        answer).
         """
         if not self.causal:
             raise ValueError("generate() needs a causal model (objective='clm')")
+        check_integer_tensor(prompt_ids, "prompt_ids (token ids)")
+        if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
+            raise ValueError(
+                "prompt_ids must be [batch, prompt] with at least one token per row (each new "
+                f"token continues from the last one), got shape {tuple(prompt_ids.shape)}"
+            )
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
+        temperature = check_real("temperature (0 = greedy, > 0 samples)", temperature, at_least=0.0)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
         cache = self.new_cache()
         logits = self(prompt_ids, cache=cache).logits[:, -1]
         out = [prompt_ids]

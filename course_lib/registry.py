@@ -62,9 +62,14 @@ class Encoding:
     * ``inputs``: a sentence saying what the module adds to the projections' inputs.
     * ``qk_transform(x, positions, params) -> x'``: ``x`` ``[batch, heads, seq, head_dim]``,
       ``positions`` integer ``[1 or batch, seq]``; applied to q with the query positions and to
-      k with the key positions.
+      k with the key positions, unless ``key_transform(x, positions, params) -> x'`` gives keys a
+      transform of their own (xPos scales queries up and keys down with the position).
     * ``score_bias(query_positions, key_positions, params) -> bias`` broadcastable to
-      ``[batch, heads, seq_q, seq_k]``, added to the scaled scores.
+      ``[batch, heads, seq_q, seq_k]``, added to the scaled scores; or, for a bias that depends on
+      the positions only through ``p_i - p_j``, ``distance_bias(distances, params) -> [heads or 1,
+      *distances.shape]`` (``distances`` an int64 tensor of ``p_i - p_j``, any shape; signed:
+      take ``.abs()`` for a symmetric bias), from which the record derives ``score_bias`` and
+      which the kernels read as a table (ALiBi, T5, KERPLE). Give one of the two.
     * ``score_bias_from_scores(scores, q, allowed, params) -> bias``: a bias that depends on the
       scores themselves, computed after the positional bias above and added to the scores:
       ``scores`` ``[batch, heads, seq_q, seq_k]``, ``q`` the queries after the q/k transform
@@ -81,9 +86,16 @@ class Encoding:
     ``per_key_params``: those that hold one value per key on their last axis (a term the module
     computes from each token, e.g. FoX's forget gates): a key/value cache keeps them with the keys.
 
-    Kernel hooks: ``kernel_tables(positions, head_dim, params) -> QKTables`` (an elementwise
-    pairwise transform the kernels fuse into their tile loads) and ``kernel_bias(params) ->
-    ScoreBias`` (required when ``score_bias`` is set); see :mod:`course_lib.kernel_hooks`.
+    Kernel hooks (see :mod:`course_lib.kernel_hooks`): ``kernel_tables(positions, head_dim,
+    params) -> QKTables`` (an elementwise pairwise transform the kernels fuse into their tile
+    loads; its key tables may differ from the query's); ``kernel_bias(params, positions) ->
+    ScoreBias`` (``positions`` the checked key positions ``[1 or batch, seq]``, or the token
+    indices for an encoding that reads none): the fused form of the score bias, required with
+    ``score_bias`` and optional with ``distance_bias`` (without it the kernels read the distance
+    bias from a table, :func:`course_lib.kernel_hooks.distance_score_bias`; a specialised hook is
+    worth it where it is faster); ``kernel_hooks``: every score-bias hook object
+    ``kernel_bias`` may hand the kernels (defined in the encoding's file behind the Triton guard,
+    empty without Triton), so that the static GPU report finds them.
     ``kernel_attention(q, k, v, *, causal, key_padding_mask, position_ids, scale, params) ->
     out`` (``position_ids`` None when the encoding reads none): a fused attention of the
     encoding's own (a kernel family of its own, e.g. CoPE's scan over the keys), which the Triton
@@ -108,7 +120,9 @@ class Encoding:
     color: str
     inputs: str | None = None
     qk_transform: Callable | None = None
+    key_transform: Callable | None = None
     score_bias: Callable | None = None
+    distance_bias: Callable | None = None
     score_bias_from_scores: Callable | None = None
     normaliser: str = "softmax"
     params: Mapping[str, object] = field(default_factory=dict)
@@ -116,6 +130,7 @@ class Encoding:
     check_params: Callable | None = None
     kernel_tables: Callable | None = None
     kernel_bias: Callable | None = None
+    kernel_hooks: tuple = ()
     kernel_attention: Callable | None = None
     kernel_support: str | None = None
     relative: bool = False
@@ -135,8 +150,19 @@ class Encoding:
             raise ValueError(f"{self.name}: position_dims must be 1 or 2, got {self.position_dims}")
         if self.name == "softmax":
             raise ValueError("'softmax' names the plain attention method; pick another name")
-        if self.score_bias is not None and self.kernel_bias is None and not self.kernel_support:
+        if self.key_transform is not None and self.qk_transform is None:
+            raise ValueError(f"{self.name}: key_transform needs a qk_transform for the queries")
+        if self.distance_bias is not None:
+            derived = getattr(self.score_bias, "distance_bias", None) is self.distance_bias
+            if self.score_bias is not None and not derived:  # (replace() passes it back)
+                raise ValueError(
+                    f"{self.name}: give score_bias or distance_bias, not both (the record derives "
+                    "score_bias from distance_bias)"
+                )
+            object.__setattr__(self, "score_bias", _bias_of_distance(self.distance_bias))
+        elif self.score_bias is not None and self.kernel_bias is None and not self.kernel_support:
             raise ValueError(f"{self.name}: score_bias needs kernel_bias (or kernel_support)")
+        object.__setattr__(self, "kernel_hooks", tuple(self.kernel_hooks))
         if self.score_bias_from_scores is not None:
             if self.normaliser != "softmax":
                 raise ValueError(
@@ -188,6 +214,19 @@ class Encoding:
             "score bias": doc(self.score_bias or self.score_bias_from_scores),
             "normaliser": self.normaliser,
         }
+
+
+def _bias_of_distance(distance_bias: Callable) -> Callable:
+    """``score_bias`` from ``distance_bias``: ``b[..., h, i, j] = distance_bias(p_i - p_j)[h]``."""
+
+    def score_bias(query_positions, key_positions, params):
+        distances = query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)  # [1|B, Nq, Nk]
+        return distance_bias(distances, params).movedim(0, 1)  # [1|B, H or 1, Nq, Nk]
+
+    score_bias.__doc__ = distance_bias.__doc__
+    score_bias.__name__ = distance_bias.__name__
+    score_bias.distance_bias = distance_bias
+    return score_bias
 
 
 _REGISTRY: dict[str, Encoding] = {}

@@ -9,6 +9,12 @@
   another algorithm.
 
 Setting ``TRITON_INTERPRET=1`` yourself before importing ``course_lib`` forces the interpreter.
+
+Importing this module also binds ``course_lib.kernels`` to the ``kernels/`` folder of the
+checkout ``course_lib`` itself comes from (or to ``course_lib/kernels`` of an installed wheel),
+before anything imports a kernel: with ``PYTHONPATH`` pointing at a second checkout, an editable
+install of the first would otherwise map ``course_lib.kernels`` to the first checkout's kernels.
+If it cannot be bound there it fails loudly (:class:`KernelsLocationError`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -26,13 +34,64 @@ __all__ = [
     "kernel_device",
     "describe_kernel_mode",
     "kernels_available",
+    "kernel_compute_dtype",
     "load_kernel_module",
+    "require_kernels",
     "KernelsUnavailableError",
+    "KernelsLocationError",
+    "kernels_folder",
+    "set_triton_library_mode",
 ]
 
 
 class KernelsUnavailableError(RuntimeError):
     """Raised when the Triton backend is asked for but cannot run on this machine."""
+
+
+class KernelsLocationError(ImportError):
+    """Raised when ``course_lib.kernels`` is not (or cannot be) this checkout's kernels."""
+
+
+def kernels_folder() -> Path:
+    """Where ``course_lib.kernels`` must come from: ``course_lib/kernels`` (an installed wheel)
+    or the ``kernels/`` folder beside ``course_lib`` (a checkout, editable or on PYTHONPATH)."""
+    package = Path(__file__).resolve().parent
+    for folder in (package / "kernels", package.parent / "kernels"):
+        if (folder / "__init__.py").is_file() and (folder / "limits.py").is_file():
+            return folder
+    raise KernelsLocationError(
+        f"course_lib.kernels not found: course_lib is imported from {package}, and neither "
+        f"{package / 'kernels'} nor {package.parent / 'kernels'} holds the kernels. Use a "
+        "complete checkout (or reinstall: pip install -e .)."
+    )
+
+
+def _bind_kernels_package() -> None:
+    """Make ``course_lib.kernels`` the module of :func:`kernels_folder` (once, before any kernel
+    module is imported); refuse a ``course_lib.kernels`` already imported from elsewhere."""
+    folder = kernels_folder()
+    loaded = sys.modules.get("course_lib.kernels")
+    if loaded is not None:
+        where = Path(loaded.__file__).resolve().parent
+        if where != folder:
+            raise KernelsLocationError(
+                f"course_lib.kernels was imported from {where}, but course_lib comes from "
+                f"{Path(__file__).resolve().parent}: two checkouts are mixed (PYTHONPATH and an "
+                f"editable install?). Import course_lib before anything else of the course."
+            )
+        return
+    spec = importlib.util.spec_from_file_location(
+        "course_lib.kernels", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["course_lib.kernels"] = module
+    spec.loader.exec_module(module)
+    parent = sys.modules.get("course_lib")
+    if parent is not None:
+        parent.kernels = module
+
+
+_bind_kernels_package()
 
 
 def _choose_mode() -> str:
@@ -43,7 +102,41 @@ def _choose_mode() -> str:
     if torch.cuda.is_available():
         return "compiled"
     os.environ["TRITON_INTERPRET"] = "1"
+    if "triton.language" in sys.modules:  # imported before course_lib: its library is compiled
+        set_triton_library_mode(interpret=True)
     return "interpreter"
+
+
+def set_triton_library_mode(*, interpret: bool) -> None:
+    """Decorate Triton's own ``@triton.jit`` library (``tl.zeros``, ``tl.cdiv``, the combine
+    functions of ``tl.sum`` and ``tl.max``, ...) again, in place, for the interpreter or for the
+    compiler.
+
+    Triton decorates it when ``triton.language`` is first imported, in the mode
+    ``TRITON_INTERPRET`` says then, and an interpreted kernel cannot call a compiled library
+    function (nor a compiled one an interpreted function). ``course_lib`` calls this for the
+    interpreter when Triton was imported before it; ``python -m course_lib.gpu_report``'s
+    workers call it for the compiler (they compile kernels ahead of time and run none).
+    """
+    import triton
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    wrong = JITFunction if interpret else InterpretedFunction
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        owners = [m for name, m in list(sys.modules.items()) if name.startswith("triton.language")]
+        owners.append(sys.modules["triton.language"].core.tensor)
+        for owner in owners:
+            for name, value in list(vars(owner).items()):
+                if isinstance(value, wrong):
+                    setattr(owner, name, triton.jit(value.fn))
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 KERNEL_MODE: str = _choose_mode()
@@ -56,6 +149,16 @@ def kernel_mode() -> str:
 
 def kernels_available() -> bool:
     return KERNEL_MODE != "unavailable"
+
+
+def kernel_compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels run an input of ``dtype`` in: itself, except bf16 in Triton's CPU
+    interpreter, whose ``tl.dot`` on bf16 tiles returns garbage (numpy has no bf16; a 16x16
+    product was off by about 1e10): there the wrappers run the float32 kernels and round the
+    result to bf16. On a GPU bf16 runs the bf16 kernels."""
+    if KERNEL_MODE == "interpreter" and dtype == torch.bfloat16:
+        return torch.float32
+    return dtype
 
 
 def kernel_device() -> torch.device:
@@ -78,8 +181,8 @@ def describe_kernel_mode() -> str:
     )
 
 
-def load_kernel_module(name: str) -> ModuleType:
-    """Import ``course_lib.kernels.<name>``; raise a clear error where Triton cannot run."""
+def require_kernels() -> None:
+    """Raise a clear error where Triton cannot run (before any hook or table is built)."""
     if KERNEL_MODE == "unavailable":
         raise KernelsUnavailableError(
             "backend='triton' needs the triton package, which ships wheels for Linux only. "
@@ -87,6 +190,11 @@ def load_kernel_module(name: str) -> ModuleType:
         )
     if KERNEL_MODE == "interpreter":
         _check_interpreter_versions()
+
+
+def load_kernel_module(name: str) -> ModuleType:
+    """Import ``course_lib.kernels.<name>``; raise a clear error where Triton cannot run."""
+    require_kernels()
     return importlib.import_module(f"course_lib.kernels.{name}")
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "TrainState",
     "learning_rate_at",
     "load_checkpoint",
+    "CheckpointError",
     "make_optimizer",
     "probe_finetune",
     "save_checkpoint",
@@ -251,15 +252,37 @@ def save_checkpoint(
     os.replace(tmp, path)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: damaged, not a checkpoint, or another run's."""
+
+
+_CHECKPOINT_PARTS = ("model", "optimizer", "state", "rng", "meta")
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """The dict :func:`save_checkpoint` wrote (tensors on ``map_location``)."""
-    return torch.load(Path(path), map_location=map_location, weights_only=True)
+    """The dict :func:`save_checkpoint` wrote (tensors on ``map_location``); a file that is not
+    one (cut short, emptied, something else) raises a :class:`CheckpointError` naming it."""
+    path = Path(path)
+    way_out = "delete it, or recompute the run from the start with force=True (--force)"
+    try:
+        saved = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch reports a damaged file in many ways (EOF, zip, pickle)
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(error).__name__}): it is damaged (cut "
+            f"short?) or not a checkpoint; {way_out}"
+        ) from error
+    if not isinstance(saved, dict) or any(part not in saved for part in _CHECKPOINT_PARTS):
+        raise CheckpointError(
+            f"checkpoint {path} is not one this course wrote (it needs "
+            f"{', '.join(_CHECKPOINT_PARTS)}); {way_out}"
+        )
+    return saved
 
 
 def _check_meta(path: Path, saved: dict, expected: dict) -> None:
     if saved != expected:
         diff = sorted(k for k in set(saved) | set(expected) if saved.get(k) != expected.get(k))
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {path} belongs to a different run (differs in: {', '.join(diff)}); "
             "delete it or recompute with force=True (--force)"
         )

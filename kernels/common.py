@@ -6,15 +6,20 @@ Layout convention (flash and stick-breaking alike):
   through their four strides, so views such as ``x.view(b, n, h, d).transpose(1, 2)`` go in
   without a copy. What the kernels write (outputs, gradients, row statistics) is allocated
   contiguous by the launchers.
-* ``positions``: float32 ``[1 or batch, seq]`` (a leading 1 is read with batch stride 0).
+* ``positions``: float32 ``[1 or batch, seq]``, each sequence's positions minus its smallest one,
+  subtracted in integers by the wrappers (exact: spans below ``2^24``); a leading 1 is read with
+  batch stride 0. So ``p_i - p_j`` in a hook is exact, whatever the positions' size.
 * ``key_mask``: int8 ``[batch, seq]``, nonzero = real token.
 * q/k tables (see :class:`course_lib.kernel_hooks.QKTables`): ``cos``, ``sin`` float32
   ``[1 or batch, seq, head_dim/2]`` (batch stride 0 for a leading 1; seq and pair dimensions
-  contiguous), ``gain`` float32 ``[head_dim]`` or None, ``layout`` in :data:`PAIR_LAYOUTS`.
+  contiguous), ``gain`` float32 ``[head_dim]`` or None, ``layout`` in :data:`PAIR_LAYOUTS`;
+  the keys' own ``key_cos``, ``key_sin`` (same shape and strides), or the same tables again.
 * score-bias parameters: the tensor a hook reads (``per_head`` float32 ``[heads]`` or ``[heads,
-  width]``, ``per_token`` ``[batch, heads, seq]``), moved to the program's (batch, head) by
-  ``batch * stride_bias_b + head * stride_bias_h`` (the hook's :meth:`BiasHook.strides`); the
-  hook's compile-time options reach the kernels as the constexpr ``BIAS_OPTIONS``.
+  width]``, ``per_token`` ``[batch, heads, seq]``, ``per_diagonal`` ``[1 or batch, heads,
+  2 seq - 1]``), moved to the program's (batch, head) by ``batch * stride_bias_b + head *
+  stride_bias_h`` (the hook's :meth:`BiasHook.strides`); the hook's compile-time options reach
+  the kernels as the constexpr ``BIAS_OPTIONS``. The hook is an object (:class:`.score_bias.
+  BiasHook`), not a name: the kernels call whatever functions it carries.
 
 Every kernel of both families starts with :func:`_program_setup`, which turns the program ids
 into the block index and the (batch, head) and moves every per-(batch, head) pointer there.
@@ -31,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS, PAIR_LAYOUTS
-from .score_bias import BiasHook, get_hook
+from .score_bias import BiasHook
 
 __all__ = [
     "Launch",
@@ -56,6 +61,8 @@ def _program_setup(
     KPM,
     COS,
     SIN,
+    KCOS,
+    KSIN,
     BIAS,
     stride_qb,
     stride_qh,
@@ -73,14 +80,17 @@ def _program_setup(
     seq_len,
     REVERSED: tl.constexpr,
 ):
-    """Program ids -> ``(block, batch*heads index, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS)``.
+    """Program ids -> ``(block, batch*heads index, Q, K, V, OUT, POS, KPM, COS, SIN, KCOS, KSIN,
+    BIAS)``.
 
     ``block`` is ``program_id(0)``, counted from the last block if ``REVERSED`` (causal row
     programs: the last blocks have the most work, so they start first); ``program_id(1)`` is
     ``batch * num_heads + head``. Each pointer is moved to this (batch, head): q, k, v and ``OUT``
     (the output in a forward, ``dO`` in a backward) by their batch and head strides, positions
     and tables by their batch stride (0 when shared by the batch), the key mask by
-    ``batch * seq_len``, the score-bias parameters by their batch and head strides.
+    ``batch * seq_len``, the score-bias parameters by their batch and head strides. (A family
+    with other per-(batch, head) tensors passes them in the slots it does not use: CoPE's ``z``
+    table as ``BIAS``.)
     """
     if REVERSED:
         blk = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -97,8 +107,10 @@ def _program_setup(
     KPM += b * seq_len
     COS += b * stride_tab_b
     SIN += b * stride_tab_b
+    KCOS += b * stride_tab_b
+    KSIN += b * stride_tab_b
     BIAS += b * stride_bias_b + h * stride_bias_h
-    return blk, bh, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS
+    return blk, bh, Q, K, V, OUT, POS, KPM, COS, SIN, KCOS, KSIN, BIAS
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -197,6 +209,8 @@ class LaunchArgs:
     mask: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
+    key_cos: torch.Tensor  # the keys' tables (the same tensors when keys share q's)
+    key_sin: torch.Tensor
     gain: torch.Tensor
     bias_params: torch.Tensor
     stride_pos_b: int
@@ -209,6 +223,7 @@ class LaunchArgs:
     half_layout: bool
     hook: BiasHook | None
     bias_options: tuple | None = None  # the hook's BIAS_OPTIONS constexpr
+    bias_shape: tuple[int, ...] = ()  # the shape of the hook's tensor (its gradient's)
 
     def strides(self) -> tuple[int, int, int, int]:
         """``(stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h)``."""
@@ -226,7 +241,7 @@ def check_launch_inputs(
     positions: torch.Tensor,
     key_mask: torch.Tensor | None,
     qk_tables,
-    bias_hook: str | None,
+    bias_hook: BiasHook | None,
     bias_params: torch.Tensor | None,
     bias_options: dict | None = None,
 ) -> None:
@@ -256,8 +271,8 @@ def check_launch_inputs(
         or positions.shape[1] != seq
     ):
         _fail(
-            f"positions must be float32 [1 or {batch}, {seq}] for the kernel, got "
-            f"{positions.dtype} {tuple(positions.shape)}"
+            f"positions must be float32 [1 or {batch}, {seq}] for the kernel (each sequence's "
+            f"positions minus its smallest), got {positions.dtype} {tuple(positions.shape)}"
         )
     if key_mask is not None and tuple(key_mask.shape) != (batch, seq):
         _fail(f"key_mask must be [{batch}, {seq}], got {tuple(key_mask.shape)}")
@@ -267,11 +282,22 @@ def check_launch_inputs(
         if bias_params is not None:
             _fail("bias parameters were given without a score-bias hook")
         return
-    hook = get_hook(bias_hook)
+    hook = _as_hook(bias_hook)
     hook.kernel_options(bias_options)  # its compile-time options: all given, valid
     hook.check_tensor(
         bias_params, batch=batch, heads=heads, seq=seq, device=q.device, options=bias_options
     )
+
+
+def _as_hook(hook) -> BiasHook:
+    """The hook object itself; anything else is refused (there are no hook names here)."""
+    if not (hasattr(hook, "bias") and hasattr(hook, "check_tensor")):
+        _fail(
+            f"bias_hook must be a score-bias hook object (kernels/score_bias.py: BiasHook), got "
+            f"{hook!r}",
+            TypeError,
+        )
+    return hook
 
 
 def _check_tables(tables, batch: int, seq: int, head_dim: int, device: torch.device) -> None:
@@ -298,6 +324,21 @@ def _check_tables(tables, batch: int, seq: int, head_dim: int, device: torch.dev
             "qk_tables.cos and qk_tables.sin must have the same shape, got "
             f"{tuple(tables.cos.shape)} and {tuple(tables.sin.shape)}"
         )
+    key_cos, key_sin = getattr(tables, "key_cos", None), getattr(tables, "key_sin", None)
+    if (key_cos is None) != (key_sin is None):
+        _fail("qk_tables.key_cos and qk_tables.key_sin must be given together (or neither)")
+    for name, table in (("key_cos", key_cos), ("key_sin", key_sin)):
+        if table is None:
+            continue
+        if not isinstance(table, torch.Tensor) or table.dtype != torch.float32:
+            _fail(f"qk_tables.{name} must be a float32 tensor like qk_tables.cos", TypeError)
+        if table.shape != tables.cos.shape:
+            _fail(
+                f"qk_tables.{name} must have the shape of qk_tables.cos, "
+                f"{tuple(tables.cos.shape)}, got {tuple(table.shape)}"
+            )
+        if table.device != device:
+            _fail(f"qk_tables.{name} must be on {device}, got {table.device}")
     gain = tables.gain
     if gain is not None:
         if not isinstance(gain, torch.Tensor) or gain.dtype != torch.float32:
@@ -326,7 +367,7 @@ def prepare_launch(
     positions: torch.Tensor,
     key_mask: torch.Tensor | None,
     qk_tables,
-    bias_hook: str | None,
+    bias_hook: BiasHook | None,
     bias_params: torch.Tensor | None,
     bias_options: dict | None = None,
 ) -> LaunchArgs:
@@ -337,23 +378,32 @@ def prepare_launch(
     else:
         mask = key_mask.to(torch.int8).contiguous()
     if qk_tables is None:
-        cos = sin = gain = dummy
+        cos = sin = key_cos = key_sin = gain = dummy
         stride_tab_b = 0
     else:
-        cos, sin = _dense_rows(qk_tables.cos), _dense_rows(qk_tables.sin)
-        if cos.stride() != sin.stride():
-            cos, sin = cos.contiguous(), sin.contiguous()
+        tables = [qk_tables.cos, qk_tables.sin]
+        if getattr(qk_tables, "key_cos", None) is not None:
+            tables += [qk_tables.key_cos, qk_tables.key_sin]
+        tables = [_dense_rows(t) for t in tables]
+        if len({t.stride() for t in tables}) > 1:  # one set of strides for every table
+            tables = [t.contiguous() for t in tables]
+        cos, sin = tables[:2]
+        key_cos, key_sin = tables[2:] if len(tables) == 4 else (cos, sin)
         stride_tab_b = _batch_stride(cos)
         gain = dummy if qk_tables.gain is None else qk_tables.gain.contiguous()
-    hook = None if bias_hook is None else get_hook(bias_hook)
+    hook = None if bias_hook is None else _as_hook(bias_hook)
     params, stride_bias_b, stride_bias_h = dummy, 0, 0
+    bias_shape = () if bias_params is None else tuple(bias_params.shape)
     if bias_params is not None:
         params = bias_params.detach().to(torch.float32).contiguous()
         stride_bias_b, stride_bias_h = hook.strides(params)  # per_head: 0 for the batch
+        params = hook.pointer(params)  # per_diagonal: a view that starts at diagonal 0
     return LaunchArgs(
         mask=mask,
         cos=cos,
         sin=sin,
+        key_cos=key_cos,
+        key_sin=key_sin,
         gain=gain,
         bias_params=params,
         stride_pos_b=_batch_stride(positions),
@@ -368,4 +418,5 @@ def prepare_launch(
         half_layout=qk_tables is None or qk_tables.layout == "half",
         hook=hook,
         bias_options=None if hook is None else hook.kernel_options(bias_options),
+        bias_shape=bias_shape,
     )

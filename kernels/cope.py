@@ -53,6 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import _program_setup
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 
 __all__ = ["cope_backward", "cope_forward", "pick_block"]
@@ -62,20 +63,17 @@ CHUNK = 16
 
 
 @triton.jit
-def _setup(Q, K, V, DO, Z, KPM, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
-           stride_dob, stride_doh, num_heads, seq_len, npos):  # fmt: skip
+def _cope_setup(Q, K, V, DO, Z, KPM, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb,
+                stride_vh, stride_dob, stride_doh, num_heads, seq_len, npos):  # fmt: skip
     """Program ids -> ``(block, batch*heads index, Q, K, V, DO, Z, KPM)`` moved to this
-    (batch, head); ``DO`` is the output in the forward, ``dO`` in the backward."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // num_heads
-    h = bh % num_heads
-    Q += b * stride_qb + h * stride_qh
-    K += b * stride_kb + h * stride_kh
-    V += b * stride_vb + h * stride_vh
-    DO += b * stride_dob + h * stride_doh
-    Z += bh * seq_len * npos
-    KPM += b * seq_len
+    (batch, head) by the kernels' shared preamble (``common._program_setup``, CoPE's ``z`` in its
+    score-bias slot, no positions or tables); ``DO`` is the output in the forward, ``dO`` in the
+    backward."""
+    blk, bh, Q, K, V, DO, _, KPM, _, _, _, _, Z = _program_setup(
+        Q, K, V, DO, KPM, KPM, KPM, KPM, KPM, KPM, Z, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_dob, stride_doh, 0, 0, num_heads * seq_len * npos,
+        seq_len * npos, num_heads, seq_len, False,
+    )  # fmt: skip
     return blk, bh, Q, K, V, DO, Z, KPM
 
 
@@ -152,7 +150,7 @@ def _cope_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_m, bh, q_base, k_base, v_base, out_base, z_base, mask_base = _setup(
+    pid_m, bh, q_base, k_base, v_base, out_base, z_base, mask_base = _cope_setup(
         q_ptr, k_ptr, v_ptr, out_ptr, z_ptr, mask_ptr, stride_qb, stride_qh, stride_kb,
         stride_kh, stride_vb, stride_vh, num_heads * seq_len * HEAD_DIM, seq_len * HEAD_DIM,
         num_heads, seq_len, npos,
@@ -223,7 +221,7 @@ def _cope_bwd_rows_kernel(
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, CHUNK_SIZE: tl.constexpr,
     HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_m, bh, q_base, k_base, v_base, do_base, z_base, mask_base = _setup(
+    pid_m, bh, q_base, k_base, v_base, do_base, z_base, mask_base = _cope_setup(
         q_ptr, k_ptr, v_ptr, do_ptr, z_ptr, mask_ptr, stride_qb, stride_qh, stride_kb,
         stride_kh, stride_vb, stride_vh, stride_dob, stride_doh, num_heads, seq_len, npos,
     )  # fmt: skip
@@ -313,7 +311,7 @@ def _cope_bwd_cols_kernel(
     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
     HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_n, bh, q_base, k_base, v_base, do_base, z_base, mask_base = _setup(
+    pid_n, bh, q_base, k_base, v_base, do_base, z_base, mask_base = _cope_setup(
         q_ptr, k_ptr, v_ptr, do_ptr, z_ptr, mask_ptr, stride_qb, stride_qh, stride_kb,
         stride_kh, stride_vb, stride_vh, stride_dob, stride_doh, num_heads, seq_len, npos,
     )  # fmt: skip

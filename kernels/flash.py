@@ -1,7 +1,8 @@
 """Fused flash attention (forward and backward); position machinery comes from the caller.
 
 Tensors are ``[batch, heads, seq, head_dim]`` (any strides, see :mod:`.common` for the layout
-convention); ``positions`` is float32 ``[1 or batch, seq]``; ``key_mask`` is ``[batch, seq]``
+convention); ``positions`` is float32 ``[1 or batch, seq]`` (each sequence counted from its
+smallest position, exact integers); ``key_mask`` is ``[batch, seq]``
 (nonzero = real token) or absent.
 
 The function, for query ``i`` and key ``j`` of one (batch, head)::
@@ -14,8 +15,13 @@ with key ``j`` allowed iff it is a real token and (not causal or ``j <= i``).
 * ``q'``, ``k'``: the caller's per-token tables (``HAS_TABLES``, a ``tl.constexpr``): channel
   pair ``t`` = ``(x_1, x_2)`` of the token at sequence index ``s`` becomes
   ``x'_1 = g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``x'_2 = g_2 (x_1 sin[s, t] + x_2 cos[s, t])``
-  (``g``: the optional per-channel ``gain``, ``HAS_GAIN``). Without tables ``q' = q``.
-* ``b_ij``: a score-bias hook (:mod:`.score_bias`) passed in as the constexpr ``BIAS_FN``, or
+  (``g``: the optional per-channel ``gain``, ``HAS_GAIN``). Keys read tables of their own
+  (``KCOS``, ``KSIN``: the query's again unless the caller gives others, as xPos does). Without
+  tables ``q' = q``. This transform (:func:`_load_encoded`, and its transpose
+  :func:`_store_decoded`) is the one both kernel families use: the stick-breaking kernels call
+  it too.
+* ``b_ij``: a score-bias hook object (:mod:`.score_bias`) whose function is passed in as the
+  constexpr ``BIAS_FN``, or
   None (no bias, no position loads). A hook with a factor form (``BIAS_FACTOR``; ExpoSB's, whose
   ``e^b`` lies in ``[0.7, 1]``) passes that instead: the weights are multiplied by ``e^b_ij``
   (``e^(s + b) = e^s e^b``) rather than ``b`` added to the logits, which spares the inner loops a
@@ -67,6 +73,7 @@ from .common import (
     run_launch,
 )
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
+from .score_bias import GradTiles, tile_slot, tile_slot_count
 
 __all__ = [
     "KERNEL_DTYPES",
@@ -295,7 +302,8 @@ def _key_tile(
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """Load the key block ``offs_n`` (``k'`` as from :func:`_load_encoded`, and ``v``) and score
+    """Load the key block ``offs_n`` (``k'`` as from :func:`_load_encoded` with ``COS``, ``SIN``
+    the keys' tables, and ``v``) and score
     the query tile against it: ``s = q' . k'`` unscaled without an additive hook, the base-2
     logit ``qk_scale_log2 * q' . k' + b`` with one; ``f`` = the hook's factor ``e^b`` with
     ``BIAS_FACTOR``, else 1. ``[BLOCK_M, BLOCK_N]`` fp32; no mask applied
@@ -408,7 +416,8 @@ def _fwd_tiles(
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """Online softmax over the key blocks starting at ``lo, lo + BLOCK_N, ... < hi``.
+    """Online softmax over the key blocks starting at ``lo, lo + BLOCK_N, ... < hi`` (``COS``,
+    ``SIN``: the keys' tables).
 
     ``qk_scale_log2 >= 0`` (the sign of the scale is in q): without a bias the row maximum is
     taken on the unscaled scores and the scale goes into the exponent's multiply-add. With
@@ -461,6 +470,8 @@ def _flash_fwd_kernel(
     KPM,
     COS,
     SIN,
+    KCOS,
+    KSIN,
     GAIN,
     BIAS,
     stride_qb,
@@ -505,8 +516,9 @@ def _flash_fwd_kernel(
     ``qk_scale_log2 = |scale| log2 e`` and ``q_sign`` the sign of the scale (+-1, exact in any
     dtype), applied to the q tile once.
     """
-    pid_m, pid_bh, Q, K, V, OUT, POS, KPM, COS, SIN, BIAS = _program_setup(
-        Q, K, V, OUT, POS, KPM, COS, SIN, BIAS, stride_qb, stride_qh, stride_kb, stride_kh,
+    pid_m, pid_bh, Q, K, V, OUT, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
+        Q, K, V, OUT, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,
+        stride_kh,
         stride_vb, stride_vh, stride_ob, stride_oh, stride_pos_b, stride_tab_b, stride_bias_b,
         stride_bias_h, num_heads, seq_len, False,
     )  # fmt: skip
@@ -544,13 +556,13 @@ def _flash_fwd_kernel(
         mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
     acc, l_i, m_i = _fwd_tiles(
-        acc, l_i, m_i, q1, q2, K, V, POS, KPM, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs,
+        acc, l_i, m_i, q1, q2, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd, stride_vs,
         stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
         qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES,
         HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, False,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_tiles(
-        acc, l_i, m_i, q1, q2, K, V, POS, KPM, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs,
+        acc, l_i, m_i, q1, q2, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd, stride_vs,
         stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
         qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES,
         HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, True,
@@ -592,8 +604,9 @@ def _flash_bwd_delta_kernel(
 ):
     """``delta_i = sum_d dO_id * O_id`` (fp32), one row block of one (batch, head)."""
     # Only the output (in the q slot) and dO are read: the other slots get unused pointers.
-    pid_m, pid_bh, OUT, _, _, DO, _, _, _, _, _ = _program_setup(
-        OUT, OUT, OUT, DO, DELTA, DELTA, DELTA, DELTA, DELTA, stride_ob, stride_oh, 0, 0, 0, 0,
+    pid_m, pid_bh, OUT, _, _, DO, _, _, _, _, _, _, _ = _program_setup(
+        OUT, OUT, OUT, DO, DELTA, DELTA, DELTA, DELTA, DELTA, DELTA, DELTA, stride_ob, stride_oh,
+        0, 0, 0, 0,
         stride_dob, stride_doh, 0, 0, 0, 0, num_heads, seq_len, False,
     )  # fmt: skip
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -641,6 +654,7 @@ def _dkdv_tiles(
     num_tiles,
     skip_from,
     skip_to,
+    key_block,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
@@ -651,6 +665,8 @@ def _dkdv_tiles(
     BIAS_FN: tl.constexpr,
     BIAS_FACTOR: tl.constexpr,
     BIAS_GRAD_FN: tl.constexpr,
+    GRAD_PER_TILE: tl.constexpr,
+    GRAD_WIDTH: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -663,7 +679,10 @@ def _dkdv_tiles(
 
     Query rows past the end have ``lse = +inf``, so their ``P`` is 0 with no mask. Key rows past
     the end are masked only where a sum over keys needs it (a key-padding mask, a bias gradient):
-    otherwise they are rows of dK/dV that are never stored.
+    otherwise they are rows of dK/dV that are never stored. With ``GRAD_PER_TILE`` (square
+    tiles) ``dbias`` points at this (batch, head)'s tile slots and the hook stores each tile's
+    sums in its own slot (``tile_slot``: side 1 for a query block before key block
+    ``key_block``).
     """
     for i in range(0, num_tiles):
         start_m = lo + i * BLOCK_M
@@ -713,7 +732,13 @@ def _dkdv_tiles(
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        if BIAS_GRAD_FN is not None:  # queries are axis 1 of these tiles
+        if BIAS_GRAD_FN is not None and GRAD_PER_TILE:  # queries are axis 1 of these tiles
+            query_block = start_m // BLOCK_M
+            side = (query_block < key_block).to(tl.int32)
+            slot = tile_slot(key_block, query_block, tl.cdiv(seq_len, BLOCK_M), side)
+            BIAS_GRAD_FN(dbias + slot * GRAD_WIDTH, ds_t, query_idx, key_idx, pos_m[None, :],
+                         key_pos, BIAS, 1, BIAS_OPTIONS)  # fmt: skip
+        elif BIAS_GRAD_FN is not None:
             dbias = BIAS_GRAD_FN(
                 dbias, ds_t, query_idx, key_idx, pos_m[None, :], key_pos, BIAS, 1, BIAS_OPTIONS
             )
@@ -738,6 +763,8 @@ def _flash_bwd_dkdv_kernel(
     KPM,
     COS,
     SIN,
+    KCOS,
+    KSIN,
     GAIN,
     BIAS,
     DBIAS,
@@ -765,6 +792,7 @@ def _flash_bwd_dkdv_kernel(
     num_heads,
     scale,
     qk_scale_log2,
+    grad_slots,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -777,6 +805,7 @@ def _flash_bwd_dkdv_kernel(
     BIAS_FACTOR: tl.constexpr,
     BIAS_GRAD_FN: tl.constexpr,
     GRAD_WIDTH: tl.constexpr,
+    GRAD_PER_TILE: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -787,10 +816,13 @@ def _flash_bwd_dkdv_kernel(
     ``P^T = exp2(S^T - lse)``, ``dV = P^T dO``, ``dS^T = P^T * (V dO^T - delta)``,
     ``dk' = scale * dS^T q'`` (per pair half), then ``dk`` through the transposed transform.
     With ``BIAS_GRAD_FN``, the score bias's parameter gradient from ``dS`` as this program's
-    partial sums, stored at ``DBIAS[batch*head, key block, :GRAD_WIDTH]``.
+    partial sums, stored at ``DBIAS[batch*head, key block, :GRAD_WIDTH]``; with
+    ``GRAD_PER_TILE``, one slot per tile instead, ``DBIAS[batch*head, tile slot, :GRAD_WIDTH]``
+    (``grad_slots`` of them per (batch, head)).
     """
-    pid_n, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, BIAS = _program_setup(
-        Q, K, V, DO, POS, KPM, COS, SIN, BIAS, stride_qb, stride_qh, stride_kb, stride_kh,
+    pid_n, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
+        Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,
+        stride_kh,
         stride_vb, stride_vh, stride_dob, stride_doh, stride_pos_b, stride_tab_b, stride_bias_b,
         stride_bias_h, num_heads, seq_len, False,
     )  # fmt: skip
@@ -813,12 +845,14 @@ def _flash_bwd_dkdv_kernel(
         key_pos = tl.load(POS + offs_n, mask=col_valid, other=0.0)[:, None]
     else:
         key_pos = key_idx
-    if BIAS_GRAD_FN is not None:
+    if BIAS_GRAD_FN is not None and GRAD_PER_TILE:
+        dbias = DBIAS + pid_bh * grad_slots * GRAD_WIDTH  # this (batch, head)'s tile slots
+    elif BIAS_GRAD_FN is not None:
         dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)
     else:
         dbias = 0.0
     k1, k2 = _load_encoded(
-        K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
+        K, stride_ks, stride_kd, KCOS, KSIN, offs_n, col_valid, t, pair_valid, first, second,
         gain_1, gain_2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN, True,
     )  # fmt: skip
     v = _load_rows(V, offs_n, col_valid, stride_vs, stride_vd, HEAD_DIM, True)
@@ -845,9 +879,10 @@ def _flash_bwd_dkdv_kernel(
     dk1, dk2, dv, dbias = _dkdv_tiles(
         dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
         stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, t, pair_valid, first,
-        second, gain_1, gain_2, seq_len, qk_scale_log2, band_end, num_free, 0, 0, HEAD_DIM,
+        second, gain_1, gain_2, seq_len, qk_scale_log2, band_end, num_free, 0, 0, pid_n, HEAD_DIM,
         HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
-        BIAS_GRAD_FN, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, False,
+        BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION,
+        False,
     )  # fmt: skip
     num_band = tl.cdiv(tl.minimum(band_end, seq_len) - lo, BLOCK_M)
     num_tail = (full_end < seq_len) & (full_end >= band_end)
@@ -855,13 +890,13 @@ def _flash_bwd_dkdv_kernel(
         dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
         stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, t, pair_valid, first,
         second, gain_1, gain_2, seq_len, qk_scale_log2, lo, num_band + num_tail.to(tl.int32),
-        band_end, full_end, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES,
-        HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN, BIAS_OPTIONS, CAUSAL, HAS_MASK,
-        DOT_PRECISION, True,
+        band_end, full_end, pid_n, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M,
+        HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH,
+        BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, True,
     )  # fmt: skip
 
     _store_decoded(
-        DK, dk1 * scale, dk2 * scale, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
+        DK, dk1 * scale, dk2 * scale, KCOS, KSIN, offs_n, col_valid, t, pair_valid, first, second,
         gain_1, gain_2, HEAD_DIM, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
     )  # fmt: skip
     tl.store(
@@ -869,7 +904,7 @@ def _flash_bwd_dkdv_kernel(
         dv.to(DV.dtype.element_ty),
         mask=col_valid[:, None],
     )
-    if BIAS_GRAD_FN is not None:
+    if BIAS_GRAD_FN is not None and not GRAD_PER_TILE:
         slot = (pid_bh * tl.num_programs(0) + pid_n) * GRAD_WIDTH
         tl.store(DBIAS + slot + tl.arange(0, GRAD_WIDTH), dbias)
 
@@ -922,7 +957,8 @@ def _dq_tiles(
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """dQ from the key blocks starting at ``lo, lo + BLOCK_N, ... < hi``.
+    """dQ from the key blocks starting at ``lo, lo + BLOCK_N, ... < hi`` (``COS``, ``SIN``: the
+    keys' tables).
 
     Query rows past the end have ``lse = +inf`` (their ``P`` is 0 with no mask); with
     ``MASKED``, the causal mask (causal) or the sequence end (bidirectional), bounded loads.
@@ -966,6 +1002,8 @@ def _flash_bwd_dq_kernel(
     KPM,
     COS,
     SIN,
+    KCOS,
+    KSIN,
     GAIN,
     BIAS,
     stride_qb,
@@ -1012,8 +1050,9 @@ def _flash_bwd_dq_kernel(
     ``P = exp2(S - lse)``, ``dS = P * (dO V^T - delta)``, ``dq' = scale * dS k'`` (per pair
     half), then ``dq`` through the transposed transform.
     """
-    pid_m, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, BIAS = _program_setup(
-        Q, K, V, DO, POS, KPM, COS, SIN, BIAS, stride_qb, stride_qh, stride_kb, stride_kh,
+    pid_m, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
+        Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,
+        stride_kh,
         stride_vb, stride_vh, stride_dob, stride_doh, stride_pos_b, stride_tab_b, stride_bias_b,
         stride_bias_h, num_heads, seq_len, False,
     )  # fmt: skip
@@ -1051,14 +1090,14 @@ def _flash_bwd_dq_kernel(
         mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
     dq1, dq2 = _dq_tiles(
-        dq1, dq2, q1, q2, do, lse, delta, K, V, POS, KPM, COS, SIN, BIAS, stride_ks, stride_kd,
+        dq1, dq2, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
         stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1,
         gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES,
         BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK,
         DOT_PRECISION, False,
     )  # fmt: skip
     dq1, dq2 = _dq_tiles(
-        dq1, dq2, q1, q2, do, lse, delta, K, V, POS, KPM, COS, SIN, BIAS, stride_ks, stride_kd,
+        dq1, dq2, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
         stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1,
         gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES,
         BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK,
@@ -1163,14 +1202,20 @@ def pick_config(
     *,
     tables: bool = False,
     bias: bool = False,
+    square: bool = False,
 ) -> FlashConfig:
     """Block sizes and launch options of one kernel (``"forward"``, ``"dkdv"`` or ``"dq"``) for
-    a launch with q/k tables (``tables``) and/or a score-bias hook (``bias``)."""
+    a launch with q/k tables (``tables``) and/or a score-bias hook (``bias``); ``square``: equal
+    query and key blocks (the larger of the two, at most 64 on a GPU), for a hook whose gradient
+    is per tile."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
     arch = gpu_arch(device)
     if arch is None:
-        return FlashConfig(*_INTERPRETER_CONFIGS[kernel])
+        block_m, block_n = _INTERPRETER_CONFIGS[kernel]
+        if square:
+            block_m = block_n = max(block_m, block_n)
+        return FlashConfig(block_m, block_n)
     if dtype == torch.float32:
         family = "fp32"
     else:
@@ -1180,6 +1225,8 @@ def pick_config(
     block_m, block_n, num_warps, num_stages = _CARRY_CONFIGS.get(
         key, _GPU_CONFIGS[(kernel, family)]
     )
+    if square:  # the larger side, at most 64 (at head_dim 128 the dK/dV accumulators then fit)
+        block_m = block_n = min(max(block_m, block_n), 64)
     return FlashConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
 
 
@@ -1225,7 +1272,7 @@ def flash_attention_forward(
     causal: bool,
     scale: float,
     qk_tables=None,
-    bias_hook: str | None = None,
+    bias_hook=None,
     bias_params: torch.Tensor | None = None,
     bias_options: dict | None = None,
     config: FlashConfig | None = None,
@@ -1233,11 +1280,11 @@ def flash_attention_forward(
     """Launch the forward kernel.
 
     q, k, v: ``[batch, heads, seq, head_dim]`` (any strides); positions: float32
-    ``[1 or batch, seq]``; key_mask: ``[batch, seq]`` (nonzero = real) or None; qk_tables: an
-    object with ``cos``, ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None; bias_hook:
-    a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor it reads,
-    bias_options: its compile-time options (``ScoreBias.options``; each set compiles its own
-    kernel). Returns ``(out [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32,
+    ``[1 or batch, seq]`` (each sequence minus its smallest position, exact integers);
+    key_mask: ``[batch, seq]`` (nonzero = real) or None; qk_tables: an object with ``cos``,
+    ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None; bias_hook: a
+    :class:`.score_bias.BiasHook` or None, bias_params: the tensor it reads, bias_options: its
+    compile-time options (``ScoreBias.options``; each set compiles its own kernel). Returns ``(out [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32,
     base 2)``.
     """
     check_launch_inputs(
@@ -1252,7 +1299,7 @@ def flash_attention_forward(
     lse = torch.empty((batch * heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
     run_launch(Launch("forward", _flash_fwd_kernel, grid, (
-        q, k, v, out, lse, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
+        q, k, v, out, lse, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain, a.bias_params,
         *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
         seq, heads, *_forward_scale(scale),
     ), dict(
@@ -1275,7 +1322,7 @@ def flash_attention_backward(
     causal: bool,
     scale: float,
     qk_tables=None,
-    bias_hook: str | None = None,
+    bias_hook=None,
     bias_params: torch.Tensor | None = None,
     bias_options: dict | None = None,
     bias_grad: bool = False,
@@ -1298,11 +1345,17 @@ def flash_attention_backward(
     a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
     if bias_grad and (a.hook is None or a.hook.grad is None):
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
+    per_tile = bias_grad and a.hook.grad_per_tile  # one gradient slot per tile: square tiles
     configs = dict(configs or {})
     for kernel in ("dkdv", "dq"):
         configs.setdefault(kernel, pick_config(
-            kernel, head_dim, q.dtype, q.device, tables=a.has_tables, bias=a.hook is not None
+            kernel, head_dim, q.dtype, q.device, tables=a.has_tables, bias=a.hook is not None,
+            square=per_tile and kernel == "dkdv",
         ))  # fmt: skip
+    if per_tile and configs["dkdv"].block_m != configs["dkdv"].block_n:
+        raise ValueError(
+            f"the hook {a.hook.name!r} needs square dK/dV tiles, got {configs['dkdv']}"
+        )
     shape, device = (batch, heads, seq, head_dim), q.device
     dq = torch.empty(shape, dtype=q.dtype, device=device)
     dk = torch.empty(shape, dtype=q.dtype, device=device)
@@ -1316,26 +1369,30 @@ def flash_attention_backward(
     cfg = configs["dkdv"]
     num_key_blocks = triton.cdiv(seq, cfg.block_n)
     grad_width = a.hook.grad_width(cfg.block_n, bias_options) if bias_grad else 1
-    partials = torch.empty(
-        (batch * heads, num_key_blocks, grad_width) if bias_grad else (1,),
+    # the gradient's partial sums: one slot per program, or per tile (zeros: a causal launch
+    # visits only the tiles at or below the diagonal)
+    tiles = GradTiles(cfg.block_n, num_key_blocks, 1 if causal else 2) if per_tile else None
+    slots = tile_slot_count(tiles) if per_tile else num_key_blocks
+    partials = (torch.zeros if per_tile else torch.empty)(
+        (batch * heads, slots, grad_width) if bias_grad else (1,),
         dtype=torch.float32,
         device=device,
     )
     run_launch(Launch("dkdv", _flash_bwd_dkdv_kernel, (num_key_blocks, batch * heads), (
-        q, k, v, grad_out, lse, delta, dk, dv, positions, a.mask, a.cos, a.sin, a.gain,
-        a.bias_params, partials, *strides, seq, heads, scale, scale * LOG2E,
+        q, k, v, grad_out, lse, delta, dk, dv, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain,
+        a.bias_params, partials, *strides, seq, heads, scale, scale * LOG2E, slots,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **switches,
+        GRAD_PER_TILE=per_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **switches,
     )))  # fmt: skip
     cfg = configs["dq"]
     run_launch(Launch("dq", _flash_bwd_dq_kernel, (triton.cdiv(seq, cfg.block_m), batch * heads), (
-        q, k, v, grad_out, lse, delta, dq, positions, a.mask, a.cos, a.sin, a.gain,
+        q, k, v, grad_out, lse, delta, dq, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain,
         a.bias_params, *strides, seq, heads, scale, scale * LOG2E,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **switches,
     )))  # fmt: skip
-    dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_params.shape) if bias_grad else None
+    dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_shape, tiles) if bias_grad else None
     return dq, dk, dv, dparams

@@ -1,51 +1,42 @@
-"""Score-bias hooks: the ``b_ij`` a fused kernel adds to its scores, chosen by name.
+"""Score-bias hooks: the ``b_ij`` a fused kernel adds to its scores, given as an object.
 
-The kernels know no encoding. A caller names a hook (a key of :data:`SCORE_BIAS_HOOKS`); the
-launcher passes the hook's ``@triton.jit`` functions to the kernel as ``tl.constexpr`` arguments
-(``BIAS_FN``, and ``BIAS_GRAD_FN`` when a gradient is wanted), so each hook is compiled into its
-own kernel and no bias (``BIAS_FN=None``) costs nothing. For query ``i`` and key ``j``::
+The kernels know no encoding. A caller hands them a :class:`BiasHook` (its ``@triton.jit``
+functions, the tensor they read, how that tensor's gradient is reduced) and the tensor; the
+launcher passes the hook's functions to the kernel as ``tl.constexpr`` arguments (``BIAS_FN``, and
+``BIAS_GRAD_FN`` when a gradient is wanted), so each hook is compiled into its own kernel and no
+bias (``BIAS_FN=None``) costs nothing. For query ``i`` and key ``j``::
 
     logit_ij = scale * q'_i . k'_j + b_ij
 
-Hooks of the course (``p`` = the position ids, float32 in the tile):
-
-* ``"linear_distance"``: ``b_ij = -per_head[h] * |p_i - p_j|`` (RSE's learned penalty, ALiBi);
-  gradient ``d loss / d per_head[h] = -sum_ij dS_ij |p_i - p_j|``.
-* ``"offset_linear_distance"``: ``b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]`` (RSE's
-  penalty with a learned per-head stick bias: a ``[heads, 2]`` table of ``(lambda_h, beta_h)``);
-  gradients ``d loss / d per_head[h, 0] = -sum_ij dS_ij |p_i - p_j|`` and
-  ``d loss / d per_head[h, 1] = sum_ij dS_ij``.
-* ``"exposb_distance"``: ``b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))`` (ExpoSB's distance
-  factor, added as a log to the logits), no parameter. It also has a factor form (below): the
-  flash kernels multiply their softmax weights by ``0.7 + 0.3 exp(-0.005 |p_i - p_j|)`` and take
-  no logarithm.
-* ``"t5_buckets"``: ``b_ij = per_head[h, bucket(p_j - p_i)]`` (T5's relative bias: a learned
-  table ``[heads, num_buckets]``); the bucket is computed in the tile from the positions, with
-  the options ``num_buckets``, ``max_distance``, ``bidirectional`` compiled in. Gradient
-  ``d loss / d per_head[h, u] = sum_{ij : bucket = u} dS_ij``.
-* ``"cumulative_log_gates"``: ``b_ij = per_token[b, h, i] - per_token[b, h, j]`` with
-  ``per_token = c = cumsum(log f)`` (FoX's forget gates: ``c_i - c_j = sum_{l=j+1..i} log f_l``).
-  Gradient ``d loss / d c_j = -sum_i dS_ij`` (softmax only, see below).
-
-``dS_ij = d loss / d logit_ij`` is the matrix the backward kernels already form (softmax:
-``P (dP - delta)``; stick-breaking: ``dz``).
+Hooks live with the encoding that uses them: each encoding file under ``course_lib/encodings``
+builds its :class:`BiasHook` behind the Triton-available guard and lists it in its registry record
+(``kernel_hooks``), which is how ``python -m course_lib.gpu_report`` finds every hook. There is no
+table of hook names anywhere. This module holds the contract, the reductions most gradients need
+(:func:`per_head_total`, :func:`per_head_slots`, :func:`per_token_columns`,
+:func:`diagonal_sums`), the kernels' own per-distance hook (:data:`DIAGONAL_TABLE`) and the bias
+formulas that several encodings share or that the chapters print (ALiBi's and RSE's linear
+distance, ExpoSB's distance factor, T5's buckets).
 
 The hook contract
 -----------------
 ``bias(idx_q, idx_k, pos_q, pos_k, params, BASE2, OPTIONS=None) -> tile`` (float32). ``idx_*``
 are token indices (int, in ``[0, seq)``: the kernels clamp the tail of a block to the last token,
-so a hook may load ``params + idx`` without a mask), ``pos_*`` positions (float32), handed over
-already broadcastable to the tile: ``[rows, 1]`` and ``[1, cols]`` when queries are the rows
-(every forward, the flash dQ and the stick-breaking kernels), ``[1, cols]`` and ``[rows, 1]``
-when keys are the rows (the flash dK/dV kernel). So a hook writes ``pos_q - pos_k`` and never
-cares about the orientation. ``params`` is a pointer already moved to this (batch, head) by the
-strides :meth:`BiasHook.strides` gives: ``per_head`` ``[heads]`` is read with
-``tl.load(params)``, a ``[heads, width]`` table with ``tl.load(params + column)``, ``per_token``
-``[batch, heads, seq]`` with ``tl.load(params + idx)``. ``BASE2``: return ``b * log2(e)`` (the
-flash kernels work in base 2) instead of ``b``. ``OPTIONS``: the hook's compile-time constants
-(a ``tl.constexpr`` tuple built by :meth:`BiasHook.kernel_options` from
-``ScoreBias.options``; None for a hook without options), passed by the flash kernels as their
-``BIAS_OPTIONS``: each configuration compiles its own kernel.
+so a hook may load ``params + idx`` without a mask), ``pos_*`` the position ids as float32
+**counted from the smallest position of the sequence**: the wrappers subtract it in integers
+(and refuse a sequence spanning ``2^24`` or more), so every value, and ``pos_q - pos_k``, is an
+exact integer however large the positions are (``10**8 + arange(n)`` gives the biases of
+``arange(n)``). Both are handed over broadcastable to the tile: ``[rows, 1]`` and ``[1, cols]``
+when queries are the rows (every forward, the flash dQ and the stick-breaking kernels),
+``[1, cols]`` and ``[rows, 1]`` when keys are the rows (the flash dK/dV kernel), so a hook writes
+``pos_q - pos_k`` and never cares about the orientation. ``params`` is a pointer already moved to this (batch, head) by the strides
+:meth:`BiasHook.strides` gives: ``per_head`` ``[heads]`` is read with ``tl.load(params)``, a
+``[heads, width]`` table with ``tl.load(params + column)``, ``per_token`` ``[batch, heads, seq]``
+with ``tl.load(params + idx)``, ``per_diagonal`` ``[1 or batch, heads, 2 seq - 1]`` with
+``tl.load(params + (idx_q - idx_k))`` (the pointer is at diagonal 0). ``BASE2``: return
+``b * log2(e)`` (the flash kernels work in base 2) instead of ``b``. ``OPTIONS``: the hook's
+compile-time constants (a ``tl.constexpr`` tuple built by :meth:`BiasHook.kernel_options` from
+``ScoreBias.options``; None for a hook without options): each configuration compiles its own
+kernel.
 
 ``grad(acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS, OPTIONS=None) -> acc``: add this
 tile's ``sum dS_ij * d b_ij / d theta`` to the float32 accumulator ``acc`` of shape
@@ -54,12 +45,14 @@ value per key). Only the kernel that owns a key block calls it (flash dK/dV, sti
 columns), once per tile it visits; it starts from zeros and stores ``acc`` at
 ``partials[batch*head, program, :]``, a float32 buffer ``[batch*heads, key blocks, GRAD_WIDTH]``
 (no atomics, so deterministic). After the launch :meth:`BiasHook.reduce_grad` turns the buffer
-into the parameter's gradient with torch. ``"linear_distance"`` keeps one partial sum per key
-column (``GRAD_WIDTH`` = the key block) so its inner loop reduces only over the query axis, and
-sums them all afterwards; ``"cumulative_log_gates"`` does the same and lays the columns out as
-``[batch, heads, seq]``; ``"t5_buckets"`` keeps one partial sum per bucket (``GRAD_WIDTH`` =
-``num_buckets`` rounded up to a power of two); ``"offset_linear_distance"`` keeps two, slope and
-offset (``GRAD_WIDTH`` = 2, each tile reduced whole), reduced to ``[heads, 2]``.
+into the parameter's gradient with torch. A hook whose sums do not fit one accumulator per
+program (``grad_per_tile``: the per-diagonal table, whose tile sums land on distances that move
+with every tile) gets instead, as ``acc``, a pointer to a slot of its own for each tile it is
+called on (``GRAD_WIDTH`` floats, at :func:`tile_slot`), stores its sums there and returns the
+pointer; the kernels then use square tiles.
+
+``dS_ij = d loss / d logit_ij`` is the matrix the backward kernels already form (softmax:
+``P (dP - delta)``; stick-breaking: ``dz``).
 
 ``factor(idx_q, idx_k, pos_q, pos_k, params, OPTIONS=None) -> tile`` (optional, float32, same
 arguments): ``e^b_ij`` itself, for a bias with ``e^b`` in ``(0, 1]`` and bounded away from 0.
@@ -70,18 +63,22 @@ every weight by 1 because ``e^b <= 1``. The stick-breaking kernels always use ``
 ``sigmoid(z + b)`` does not factor. The two forms must agree (``tests/test_kernels_flash.py``
 checks each hook's factor against its bias).
 
-Adding a hook
--------------
-Write its ``bias`` (and, if it has learnable tensors, ``grad``) below, add a :class:`BiasHook`
-to :data:`SCORE_BIAS_HOOKS` and its name to ``limits.SCORE_BIAS_HOOK_NAMES``. The kernels' loops
-do not change: they call whatever function they are given.
+Writing a hook
+--------------
+In the encoding's file, behind ``if kernels_available():``, write its ``bias`` (and, with a
+learnable tensor, ``grad``) as ``@triton.jit`` functions of the contract above, wrap them in a
+:class:`BiasHook` with one of the reductions below, return ``ScoreBias(hook, tensor)`` from the
+record's ``kernel_bias`` and list the hook in the record's ``kernel_hooks``. The kernels' loops do
+not change: they call whatever function they are given. A bias that is a function of the distance
+``p_i - p_j`` alone needs no Triton at all: give the record a ``distance_bias`` written in torch
+and the kernels read it from :data:`DIAGONAL_TABLE`.
 
 Per-token biases and the normaliser: ``c_i`` of ``b_ij = c_i - c_j`` would also receive the row
 sum ``sum_j dS_ij``, which is exactly 0 under softmax (``sum_j P_ij (dP_ij - delta_i) =
 delta_i - delta_i``, as ``delta_i = sum_j P_ij dP_ij`` and each row of ``P`` sums to 1); a
 constant per row does not change a softmax. Stick-breaking has no such identity (a row's weights
-need not sum to 1), so ``"cumulative_log_gates"`` is for the flash family only, like
-``"t5_buckets"``, whose options the stick-breaking kernels do not take (``BiasHook.families``).
+need not sum to 1), so a per-token hook that relies on it (FoX's) is for the flash family only,
+like T5's buckets, whose options the stick-breaking kernels do not take (``BiasHook.families``).
 """
 
 from __future__ import annotations
@@ -95,30 +92,329 @@ import triton
 import triton.language as tl
 
 from .fast_math import fast_log2
-from .limits import SCORE_BIAS_HOOK_NAMES
 
 __all__ = [
+    "DIAGONAL_TABLE",
+    "FAMILIES",
     "BiasHook",
-    "SCORE_BIAS_HOOKS",
-    "cumulative_log_gates_bias",
-    "cumulative_log_gates_grad",
+    "GradTiles",
+    "diagonal_sums",
+    "diagonal_table_bias",
+    "diagonal_table_grad",
     "exposb_distance_bias",
     "exposb_distance_factor",
-    "get_hook",
     "linear_distance_bias",
     "linear_distance_grad",
-    "offset_linear_distance_bias",
-    "offset_linear_distance_grad",
+    "per_head_slots",
+    "per_head_total",
+    "per_token_columns",
     "t5_bucket_thresholds",
     "t5_buckets_bias",
     "t5_buckets_grad",
+    "t5_kernel_options",
+    "tile_slot",
+    "tile_slot_count",
 ]
 
 LOG2E = 1.4426950408889634
+FAMILIES: tuple[str, ...] = ("flash", "stick_breaking")
 
 
 # --------------------------------------------------------------------------------------------
-# linear_distance: b_ij = -per_head[h] * |p_i - p_j|
+# The hook object
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradTiles:
+    """How a per-tile gradient buffer is laid out: square tiles of ``block`` tokens,
+    ``num_blocks`` of them along each axis, ``sides`` 1 (causal: query block >= key block) or 2
+    (bidirectional)."""
+
+    block: int
+    num_blocks: int
+    sides: int
+
+
+@dataclass(frozen=True)
+class BiasHook:
+    """One score bias, as the kernels see it.
+
+    ``name``: a label (reports, error messages); ``formula``: ``b_ij`` in words. ``bias`` /
+    ``grad`` / ``factor``: the ``@triton.jit`` functions of the contract above (``grad`` None:
+    the bias has no learnable tensor; ``factor`` None: no factor form). ``param``: the tensor it
+    reads: ``"per_head"`` (float ``[heads]``, or ``[heads, width]`` with ``width`` given by
+    :attr:`width`), ``"per_token"`` (float ``[batch, heads, seq]``), ``"per_diagonal"`` (float
+    ``[1 or batch, heads, 2 seq - 1]``, one value per ``i - j``) or None. ``reduce``: ``(partials,
+    batch, heads, shape, tiles) -> grad`` (see the reductions below). ``options``: the names of
+    its compile-time options (``ScoreBias.options``), turned into the kernels' ``BIAS_OPTIONS``
+    tuple by ``to_kernel``; ``example_options`` are valid ones (for the report).
+    ``grad_width_fn(block_keys, options)``: the accumulator width (default: one partial sum per
+    key column). ``grad_per_tile``: the gradient is written per tile (see the contract); the
+    kernels use square tiles then. ``families``: the kernel families that take it.
+    """
+
+    name: str
+    formula: str
+    bias: object
+    grad: object | None = None
+    factor: object | None = None
+    param: str | None = None
+    reduce: Callable | None = None
+    options: tuple[str, ...] = ()
+    to_kernel: Callable[[Mapping], tuple] | None = None
+    width: Callable[[Mapping], int] | None = None
+    grad_width_fn: Callable[[int, Mapping], int] | None = None
+    grad_per_tile: bool = False
+    families: tuple[str, ...] = FAMILIES
+    example_options: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.param not in (None, "per_head", "per_token", "per_diagonal"):
+            raise ValueError(
+                f"hook {self.name!r}: param must be None, 'per_head', 'per_token' or "
+                f"'per_diagonal', got {self.param!r}"
+            )
+        if (self.grad is None) != (self.reduce is None):
+            raise ValueError(f"hook {self.name!r}: give grad and reduce together, or neither")
+        if self.grad is not None and self.param is None:
+            raise ValueError(f"hook {self.name!r}: a gradient needs a tensor to flow into")
+        unknown = set(self.families) - set(FAMILIES)
+        if unknown or not self.families:
+            raise ValueError(f"hook {self.name!r}: families must be among {FAMILIES}")
+
+    def kernel_options(self, options: Mapping | None) -> tuple | None:
+        """The ``BIAS_OPTIONS`` constexpr of a launch (None for a hook without options)."""
+        options = dict(options or {})
+        if set(options) != set(self.options):
+            missing = sorted(set(self.options) - set(options))
+            unknown = sorted(set(options) - set(self.options))
+            raise ValueError(
+                f"the score bias {self.name!r} ({self.formula}) takes the options "
+                f"{list(self.options)}; missing {missing}, unknown {unknown}"
+            )
+        return self.to_kernel(options) if self.options else None
+
+    def tensor_shape(self, batch: int, heads: int, seq: int, options=None) -> tuple[int, ...]:
+        """The shape of the tensor it reads (a leading 1 of ``per_diagonal`` is also allowed)."""
+        if self.param == "per_token":
+            return (batch, heads, seq)
+        if self.param == "per_diagonal":
+            return (batch, heads, 2 * seq - 1)
+        if self.width is not None:
+            return (heads, self.width(dict(options or {})))
+        return (heads,)
+
+    def check_tensor(self, tensor, *, batch: int, heads: int, seq: int, device, options=None):
+        """Raise a ValueError/TypeError saying what is wrong with the tensor it reads."""
+        if self.param is None:
+            if tensor is not None:
+                raise ValueError(
+                    f"the score bias {self.name!r} ({self.formula}) takes no per_head tensor"
+                )
+            return
+        want = self.tensor_shape(batch, heads, seq, options)
+        axes = {
+            "per_token": "batch, heads, seq",
+            "per_diagonal": "1 or batch, heads, 2 seq - 1",
+        }.get(self.param, "heads, width" if self.width is not None else "heads")
+        what = f"{self.param} [{axes}] = {list(want)}"
+        if tensor is None:
+            raise ValueError(f"the score bias {self.name!r} ({self.formula}) needs {what}")
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            raise TypeError(
+                f"the score bias {self.name!r} needs a floating-point {what}, got "
+                f"{getattr(tensor, 'dtype', type(tensor).__name__)}"
+            )
+        shape = tuple(tensor.shape)
+        shared = self.param == "per_diagonal" and shape == (1, *want[1:])
+        if shape != want and not shared:
+            raise ValueError(
+                f"the score bias {self.name!r}: {self.param} must have shape [{axes}] = "
+                f"{list(want)}, got {shape}"
+            )
+        if tensor.device != device:
+            raise ValueError(f"{self.param} must be on {device}, got {tensor.device}")
+
+    def strides(self, tensor: torch.Tensor) -> tuple[int, int]:
+        """``(stride_b, stride_h)`` of the contiguous float32 tensor the kernels read."""
+        if self.param == "per_token":
+            return tensor.stride(0), tensor.stride(1)
+        if self.param == "per_diagonal":
+            return (0 if tensor.shape[0] == 1 else tensor.stride(0)), tensor.stride(1)
+        return 0, tensor.stride(0)  # per_head: one row per head, shared by the batch
+
+    def pointer(self, tensor: torch.Tensor) -> torch.Tensor:
+        """What the kernels get as ``params`` (before the per-(batch, head) strides): the
+        tensor itself, or for ``per_diagonal`` a flat view starting at diagonal 0 of the first
+        row (no copy), so that ``params + (i - j)`` is diagonal ``i - j``."""
+        if self.param == "per_diagonal":
+            return tensor.reshape(-1)[(tensor.shape[-1] - 1) // 2 :]
+        return tensor
+
+    def grad_width(self, block_keys: int, options: Mapping | None = None) -> int:
+        """Width of the gradient accumulator (per program, or per tile with
+        ``grad_per_tile``; default: one per key column)."""
+        if self.grad_width_fn is None:
+            return block_keys
+        return self.grad_width_fn(block_keys, dict(options or {}))
+
+    def reduce_grad(
+        self, partials: torch.Tensor, batch: int, heads: int, shape, tiles: GradTiles | None
+    ) -> torch.Tensor:
+        """The parameter's gradient (``shape``) from the kernel's buffer (``[batch*heads,
+        blocks, width]``, or ``[batch*heads, tile slots, width]`` with ``grad_per_tile``)."""
+        if self.reduce is None:
+            raise ValueError(f"the score bias {self.name!r} has no learnable tensor")
+        return self.reduce(partials, batch, heads, tuple(shape), tiles)
+
+
+# --------------------------------------------------------------------------------------------
+# Reductions of the gradient buffer (torch, after the launch; deterministic)
+# --------------------------------------------------------------------------------------------
+
+
+def per_head_total(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
+    """``[batch*heads, blocks, width]`` -> ``[heads]``: everything of a head summed (a bias
+    with one learnable value per head, whatever the accumulator's width)."""
+    return partials.view(batch, heads, -1).sum(dim=(0, 2))
+
+
+def per_head_slots(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
+    """``[batch*heads, blocks, width]`` -> ``[heads, shape[-1]]``: one sum per slot of the
+    accumulator (a ``[heads, width]`` table; slots past its width, padding to a power of two,
+    are dropped)."""
+    width = partials.shape[-1]
+    return partials.view(batch, heads, -1, width).sum(dim=(0, 2))[:, : shape[-1]]
+
+
+def per_token_columns(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
+    """``[batch*heads, key blocks, block]`` -> ``[batch, heads, seq]``: one sum per key column,
+    laid out by key (``shape``)."""
+    return partials.view(batch, heads, -1)[..., : shape[-1]]
+
+
+def tile_slot_count(tiles: GradTiles) -> int:
+    """The number of per-tile slots of one (batch, head) (see :func:`tile_slot`)."""
+    return tiles.sides * ((tiles.num_blocks + 1) // 2) * (tiles.num_blocks + 1)
+
+
+@triton.jit
+def tile_slot(key_block, query_block, num_blocks, side):
+    """The slot of the tile (``key_block``, ``query_block``) in a per-tile gradient buffer.
+
+    Tiles are grouped by ``t = |query_block - key_block|`` and by ``side`` (0: the query block is
+    at or after the key block; 1: before it; the stick-breaking kernels' right stick uses 1 for
+    its diagonal tile too). Group ``t`` has ``num_blocks - t`` tiles, numbered by the smaller block
+    index; groups ``t`` and ``num_blocks - 1 - t`` share a row of ``num_blocks + 1`` slots, so a
+    side takes ``ceil(num_blocks / 2)`` rows and torch sums each group with two masked sums
+    (:func:`diagonal_sums`)."""
+    t = tl.abs(query_block - key_block)
+    i = tl.minimum(query_block, key_block)
+    first = 2 * t < num_blocks
+    row = tl.where(first, t, num_blocks - 1 - t)
+    col = tl.where(first, i, t + 1 + i)
+    rows = (num_blocks + 1) // 2
+    return (side * rows + row) * (num_blocks + 1) + col
+
+
+def diagonal_sums(partials, batch: int, heads: int, shape, tiles: GradTiles) -> torch.Tensor:
+    """Per-tile diagonal sums -> the gradient of a ``per_diagonal`` table ``shape`` = ``[1 or
+    batch, heads, 2 seq - 1]`` (index ``i - j + seq - 1``).
+
+    Each tile stored two vectors of ``block`` sums (:func:`diagonal_table_grad`): ``lo[u]`` for
+    ``i - j = c - block + 1 + u`` and ``hi[u]`` for ``i - j = c + 1 + u``, ``c`` the difference of
+    the tile's first query and first key. Tiles of group ``t`` (:func:`tile_slot`) have ``c = t
+    block`` (side 0) or ``-t block`` (side 1): their sums are added per group, then laid on the
+    diagonals. Only torch sums; deterministic.
+    """
+    block, m, sides = tiles.block, tiles.num_blocks, tiles.sides
+    rows = (m + 1) // 2
+    x = partials.view(batch * heads, sides, rows, m + 1, 2, block)
+    col = torch.arange(m + 1, device=partials.device)
+    first = (col[None, :] < (m - torch.arange(rows, device=partials.device))[:, None])[
+        :, :, None, None
+    ]  # [rows, m + 1, 1, 1]: the slot belongs to group `row`, not to group `m - 1 - row`
+    by_first = torch.where(first, x, 0.0).sum(3)  # [bh, sides, rows, 2, block]
+    by_second = torch.where(first, 0.0, x).sum(3)
+    groups = torch.cat((by_first, by_second.flip(2)[:, :, m % 2 :]), dim=2)  # [..., t = 0..m-1, ..]
+    # Chunk j holds the diagonals j*block - block + 1 .. j*block, for j = -(m-1) .. m.
+    chunks = torch.zeros(batch * heads, 2 * m, block, dtype=partials.dtype, device=partials.device)
+    chunks[:, m - 1 : 2 * m - 1] += groups[:, 0, :, 0]  # side 0, lo: chunk t
+    chunks[:, m : 2 * m] += groups[:, 0, :, 1]  # side 0, hi: chunk t + 1
+    if sides == 2:
+        chunks[:, :m] += groups[:, 1, :, 0].flip(1)  # side 1, lo: chunk -t
+        chunks[:, 1 : m + 1] += groups[:, 1, :, 1].flip(1)  # side 1, hi: chunk 1 - t
+    seq = (shape[-1] + 1) // 2
+    start = m * block - seq  # the flat index of diagonal -(seq - 1)
+    per_diagonal = chunks.view(batch, heads, -1)[..., start : start + 2 * seq - 1]
+    if shape[0] == 1 and batch > 1:
+        per_diagonal = per_diagonal.sum(0, keepdim=True)
+    return per_diagonal
+
+
+# --------------------------------------------------------------------------------------------
+# The per-diagonal table: b_ij = table[b, h, i - j] (any bias of the distance, built by torch)
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def diagonal_table_bias(
+    idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
+):
+    """``table[i - j]`` (times ``log2 e`` if ``BASE2``); ``params`` points at diagonal 0 of this
+    (batch, head)'s row of the ``[1 or batch, heads, 2 seq - 1]`` table."""
+    value = tl.load(params + (idx_q - idx_k))
+    if BASE2:
+        value = value * 1.4426950408889634
+    return value
+
+
+@triton.jit
+def diagonal_table_grad(
+    acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
+    OPTIONS: tl.constexpr = None,
+):  # fmt: skip
+    """The sums of a square ``dS`` tile along its diagonals, stored at ``acc`` (this tile's slot
+    of ``2 * block`` floats): ``lo[u]`` for ``i - j = c - block + 1 + u``, ``hi[u]`` for
+    ``i - j = c + 1 + u`` (``c``: first query minus first key of the tile).
+
+    Column ``t`` of a circularly shifted copy of the tile (row ``r`` rotated by ``r + t + 1``)
+    holds, in each row, one element of diagonal ``c + t + 1`` or, past the wrap-around, of
+    ``c + t + 1 - block``: two masked column sums give both vectors, no atomics."""
+    BLOCK: tl.constexpr = ds.shape[0]
+    r = tl.arange(0, BLOCK)[:, None]
+    t = tl.arange(0, BLOCK)[None, :]
+    if QUERY_AXIS == 1:  # rows are keys: i - j - c = column - row
+        shifted = tl.gather(ds, (r + t + 1) & (BLOCK - 1), axis=1)
+        wrapped = r + t + 1 >= BLOCK
+    else:  # rows are queries: i - j - c = row - column
+        shifted = tl.gather(ds, (r - t - 1 + BLOCK) & (BLOCK - 1), axis=1)
+        wrapped = r < t + 1
+    u = tl.arange(0, BLOCK)
+    tl.store(acc + u, tl.sum(tl.where(wrapped, shifted, 0.0), axis=0))
+    tl.store(acc + BLOCK + u, tl.sum(tl.where(wrapped, 0.0, shifted), axis=0))
+    return acc
+
+
+DIAGONAL_TABLE = BiasHook(
+    name="diagonal_table",
+    formula="b_ij = table[b, h, i - j] (any bias of the distance, tabulated by torch)",
+    bias=diagonal_table_bias,
+    grad=diagonal_table_grad,
+    param="per_diagonal",
+    reduce=diagonal_sums,
+    grad_width_fn=lambda block_keys, options: 2 * block_keys,
+    grad_per_tile=True,
+)
+"""The kernels' per-distance path: a bias read per pair from a ``[1 or batch, heads, 2 seq - 1]``
+table indexed by ``i - j``, its gradient the sums of ``dS`` along each diagonal (per tile, then
+torch). :func:`course_lib.kernel_hooks.distance_score_bias` builds the table from an encoding's
+``distance_bias`` and maps ``i - j`` to the distance of the positions."""
+
+
+# --------------------------------------------------------------------------------------------
+# linear_distance: b_ij = -per_head[h] * |p_i - p_j|  (ALiBi, RSE)
 # --------------------------------------------------------------------------------------------
 
 
@@ -143,50 +439,8 @@ def linear_distance_grad(
     return acc - tl.sum(ds * tl.abs(pos_q - pos_k), axis=QUERY_AXIS)
 
 
-def _sum_per_head(partials: torch.Tensor, batch: int, heads: int, shape=None) -> torch.Tensor:
-    """``[batch*heads, blocks, width]`` partial sums -> ``[heads]``."""
-    return partials.view(batch, heads, -1).sum(dim=(0, 2))
-
-
 # --------------------------------------------------------------------------------------------
-# offset_linear_distance: b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]
-# --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def offset_linear_distance_bias(
-    idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
-):
-    """``-slope * |p_i - p_j| + offset`` with ``(slope, offset) = per_head[h, :]`` (times
-    ``log2 e`` if ``BASE2``); ``params`` points at this head's row of the ``[heads, 2]`` table."""
-    slope = tl.load(params)
-    offset = tl.load(params + 1)
-    if BASE2:
-        slope = slope * 1.4426950408889634
-        offset = offset * 1.4426950408889634
-    return offset - slope * tl.abs(pos_q - pos_k)
-
-
-@triton.jit
-def offset_linear_distance_grad(
-    acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
-    OPTIONS: tl.constexpr = None,
-):  # fmt: skip
-    """``acc[0] -= sum_ij dS_ij |p_i - p_j|`` (``d b_ij / d slope = -|p_i - p_j|``) and
-    ``acc[1] += sum_ij dS_ij`` (``d b_ij / d offset = 1``): the whole tile in two sums."""
-    d_slope = -tl.sum(ds * tl.abs(pos_q - pos_k))
-    d_offset = tl.sum(ds)
-    slots = tl.arange(0, acc.shape[0])
-    return acc + tl.where(slots == 0, d_slope, d_offset)
-
-
-def _sum_per_head_pair(partials: torch.Tensor, batch: int, heads: int, shape=None):
-    """``[batch*heads, blocks, 2]`` partial sums -> ``[heads, 2]``."""
-    return partials.view(batch, heads, -1, 2).sum(dim=(0, 2))
-
-
-# --------------------------------------------------------------------------------------------
-# exposb_distance: b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))
+# exposb_distance: b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))  (ExpoSB; chapter 04)
 # --------------------------------------------------------------------------------------------
 
 
@@ -212,7 +466,7 @@ def exposb_distance_bias(
 
 
 # --------------------------------------------------------------------------------------------
-# t5_buckets: b_ij = per_head[h, bucket(p_j - p_i)]
+# t5_buckets: b_ij = per_head[h, bucket(p_j - p_i)]  (T5; chapter 06)
 # --------------------------------------------------------------------------------------------
 #
 # T5's bucket of the distance n (per direction, B buckets, E = B // 2 exact ones) is
@@ -303,8 +557,9 @@ def t5_buckets_grad(
     return acc
 
 
-def _t5_options(options: Mapping) -> tuple:
-    """``ScoreBias.options`` -> the kernel's ``(num_buckets, bidirectional, thresholds)``."""
+def t5_kernel_options(options: Mapping) -> tuple:
+    """``ScoreBias.options`` of T5's hook -> the kernel's ``(num_buckets, bidirectional,
+    thresholds)``."""
     num_buckets = options["num_buckets"]
     max_distance = options["max_distance"]
     bidirectional = options["bidirectional"]
@@ -331,206 +586,3 @@ def _t5_options(options: Mapping) -> tuple:
         bidirectional,
         t5_bucket_thresholds(num_buckets, max_distance, bidirectional),
     )
-
-
-def _sum_per_bucket(partials: torch.Tensor, batch: int, heads: int, shape) -> torch.Tensor:
-    """``[batch*heads, blocks, width]`` -> ``[heads, num_buckets]`` (``shape`` of the table)."""
-    width = partials.shape[-1]
-    return partials.view(batch, heads, -1, width).sum(dim=(0, 2))[:, : shape[-1]]
-
-
-# --------------------------------------------------------------------------------------------
-# cumulative_log_gates: b_ij = c_i - c_j (FoX: c = cumsum(log f), c_i - c_j = sum_{j<l<=i} log f_l)
-# --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def cumulative_log_gates_bias(
-    idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
-):
-    """``c_i - c_j`` (times ``log2 e`` if ``BASE2``); ``params`` points at this (batch, head)'s
-    ``c`` ``[seq]``, read at the token indices."""
-    value = tl.load(params + idx_q) - tl.load(params + idx_k)
-    if BASE2:
-        value = value * 1.4426950408889634
-    return value
-
-
-@triton.jit
-def cumulative_log_gates_grad(
-    acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
-    OPTIONS: tl.constexpr = None,
-):  # fmt: skip
-    """Per key column: ``acc_j -= sum_i dS_ij`` (``d b_ij / d c_j = -1``). The query side
-    ``d loss / d c_i = sum_j dS_ij`` is exactly 0 under softmax (each row of ``dS`` sums to 0:
-    adding a constant to a row does not change a softmax), so it is not formed."""
-    return acc - tl.sum(ds, axis=QUERY_AXIS)
-
-
-def _per_token_columns(partials: torch.Tensor, batch: int, heads: int, shape) -> torch.Tensor:
-    """``[batch*heads, key blocks, block]`` -> ``[batch, heads, seq]`` (``shape``)."""
-    return partials.view(batch, heads, -1)[..., : shape[-1]]
-
-
-# --------------------------------------------------------------------------------------------
-# The table of hooks
-# --------------------------------------------------------------------------------------------
-
-FAMILIES: tuple[str, ...] = ("flash", "stick_breaking")
-
-
-@dataclass(frozen=True)
-class BiasHook:
-    """One named score bias.
-
-    ``bias`` / ``grad`` / ``factor``: the ``@triton.jit`` functions of the contract above
-    (``grad`` None: the bias has no learnable tensor; ``factor`` None: no factor form).
-    ``param``: the tensor it reads: ``"per_head"`` (float ``[heads]``, or ``[heads, width]``
-    with ``width`` given by :attr:`width`), ``"per_token"`` (float ``[batch, heads, seq]``) or
-    None. ``formula``: ``b_ij`` in words, for error messages
-    and docs. ``options``: the names of its compile-time options (``ScoreBias.options``), turned
-    into the kernels' ``BIAS_OPTIONS`` tuple by ``to_kernel``. ``width(options)``: the table width
-    of a 2-D ``per_head``. ``grad_width_fn(block_keys, options)``: the accumulator width (default:
-    one partial sum per key column). ``reduce``: ``(partials, batch, heads, shape) -> grad``.
-    ``families``: the kernel families that take it.
-    """
-
-    name: str
-    formula: str
-    bias: object
-    grad: object | None = None
-    factor: object | None = None
-    param: str | None = None
-    reduce: Callable | None = None
-    options: tuple[str, ...] = ()
-    to_kernel: Callable[[Mapping], tuple] | None = None
-    width: Callable[[Mapping], int] | None = None
-    grad_width_fn: Callable[[int, Mapping], int] | None = None
-    families: tuple[str, ...] = FAMILIES
-    example_options: Mapping[str, object] = field(default_factory=dict)
-
-    def kernel_options(self, options: Mapping | None) -> tuple | None:
-        """The ``BIAS_OPTIONS`` constexpr of a launch (None for a hook without options)."""
-        options = dict(options or {})
-        if set(options) != set(self.options):
-            missing = sorted(set(self.options) - set(options))
-            unknown = sorted(set(options) - set(self.options))
-            raise ValueError(
-                f"the score bias {self.name!r} ({self.formula}) takes the options "
-                f"{list(self.options)}; missing {missing}, unknown {unknown}"
-            )
-        return self.to_kernel(options) if self.options else None
-
-    def check_tensor(self, tensor, *, batch: int, heads: int, seq: int, device, options=None):
-        """Raise a ValueError/TypeError saying what is wrong with the tensor it reads."""
-        if self.param is None:
-            if tensor is not None:
-                raise ValueError(
-                    f"the score bias {self.name!r} ({self.formula}) takes no per_head tensor"
-                )
-            return
-        if self.param == "per_token":
-            want, axes = (batch, heads, seq), "batch, heads, seq"
-        elif self.width is not None:
-            want, axes = (heads, self.width(dict(options or {}))), "heads, width"
-        else:
-            want, axes = (heads,), "heads"
-        what = f"{self.param} [{axes}] = {list(want)}"
-        if tensor is None:
-            raise ValueError(f"the score bias {self.name!r} ({self.formula}) needs {what}")
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-            raise TypeError(
-                f"the score bias {self.name!r} needs a floating-point {what}, got "
-                f"{getattr(tensor, 'dtype', type(tensor).__name__)}"
-            )
-        if tuple(tensor.shape) != want:
-            raise ValueError(
-                f"the score bias {self.name!r}: {self.param} must have shape [{axes}] = "
-                f"{list(want)}, got {tuple(tensor.shape)}"
-            )
-        if tensor.device != device:
-            raise ValueError(f"{self.param} must be on {device}, got {tensor.device}")
-
-    def strides(self, tensor: torch.Tensor) -> tuple[int, int]:
-        """``(stride_b, stride_h)`` of the contiguous float32 tensor the kernels read."""
-        if self.param == "per_token":
-            return tensor.stride(0), tensor.stride(1)
-        return 0, tensor.stride(0)  # per_head: one row per head, shared by the batch
-
-    def grad_width(self, block_keys: int, options: Mapping | None = None) -> int:
-        """Width of the per-program gradient accumulator (default: one per key column)."""
-        if self.grad_width_fn is None:
-            return block_keys
-        return self.grad_width_fn(block_keys, dict(options or {}))
-
-    def reduce_grad(
-        self, partials: torch.Tensor, batch: int, heads: int, shape=None
-    ) -> torch.Tensor:
-        """The parameter's gradient (``shape``) from the kernel's ``[batch*heads, blocks,
-        width]`` buffer."""
-        if self.reduce is None:
-            raise ValueError(f"the score bias {self.name!r} has no learnable tensor")
-        return self.reduce(partials, batch, heads, shape)
-
-
-SCORE_BIAS_HOOKS: dict[str, BiasHook] = {
-    "linear_distance": BiasHook(
-        name="linear_distance",
-        formula="b_ij = -per_head[h] * |p_i - p_j|",
-        bias=linear_distance_bias,
-        grad=linear_distance_grad,
-        param="per_head",
-        reduce=_sum_per_head,
-    ),
-    "offset_linear_distance": BiasHook(
-        name="offset_linear_distance",
-        formula="b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]",
-        bias=offset_linear_distance_bias,
-        grad=offset_linear_distance_grad,
-        param="per_head",
-        reduce=_sum_per_head_pair,
-        width=lambda options: 2,
-        grad_width_fn=lambda block_keys, options: 2,
-    ),
-    "exposb_distance": BiasHook(
-        name="exposb_distance",
-        formula="b_ij = log(0.7 + 0.3 * exp(-0.005 * |p_i - p_j|))",
-        bias=exposb_distance_bias,
-        factor=exposb_distance_factor,
-    ),
-    "t5_buckets": BiasHook(
-        name="t5_buckets",
-        formula="b_ij = per_head[h, bucket(p_j - p_i)] (T5's relative position buckets)",
-        bias=t5_buckets_bias,
-        grad=t5_buckets_grad,
-        param="per_head",
-        reduce=_sum_per_bucket,
-        options=("num_buckets", "max_distance", "bidirectional"),
-        to_kernel=_t5_options,
-        width=lambda options: options["num_buckets"],
-        grad_width_fn=lambda block_keys, options: triton.next_power_of_2(options["num_buckets"]),
-        families=("flash",),
-        example_options={"num_buckets": 32, "max_distance": 128, "bidirectional": False},
-    ),
-    "cumulative_log_gates": BiasHook(
-        name="cumulative_log_gates",
-        formula="b_ij = per_token[i] - per_token[j] (FoX: cumulative log forget gates)",
-        bias=cumulative_log_gates_bias,
-        grad=cumulative_log_gates_grad,
-        param="per_token",
-        reduce=_per_token_columns,
-        families=("flash",),
-    ),
-}
-if tuple(SCORE_BIAS_HOOKS) != SCORE_BIAS_HOOK_NAMES:
-    raise RuntimeError("SCORE_BIAS_HOOKS and limits.SCORE_BIAS_HOOK_NAMES must list the same names")
-
-
-def get_hook(name: str) -> BiasHook:
-    """The hook called ``name``; an unknown name lists the valid ones."""
-    try:
-        return SCORE_BIAS_HOOKS[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown score-bias hook {name!r}; valid: {', '.join(map(repr, SCORE_BIAS_HOOKS))}"
-        ) from None

@@ -1,7 +1,8 @@
 """Stick-breaking attention (forward and backward), in log space; positions come from the caller.
 
 Tensors q, k, v are ``[batch, heads, seq, head_dim]`` (any strides, see :mod:`.common` for the
-layout convention); ``positions`` is float32 ``[1 or batch, seq]``; ``key_mask`` is
+layout convention); ``positions`` is float32 ``[1 or batch, seq]`` (each sequence counted from its
+smallest position, exact integers); ``key_mask`` is
 ``[batch, seq]`` (nonzero = real token) or absent.
 
 The function (Tan et al. 2024, "Scaling Stick-Breaking Attention"), for one (batch, head)::
@@ -16,19 +17,24 @@ Bidirectional: one stick over the keys left of ``i`` and one over the keys right
 from the nearest key outward and each worth half: ``A_ij = 1/2 * beta_ij * prod(...)``.
 With the caller's q/k tables (``HAS_TABLES``), channel pair ``t`` = ``(x_1, x_2)`` of the token
 at index ``s`` becomes ``g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``g_2 (x_1 sin[s, t] +
-x_2 cos[s, t])`` (``g``: the optional per-channel gain, ``HAS_GAIN``); else ``q' = q``. The
-bias ``b_ij`` is a hook of :mod:`.score_bias` passed in as the constexpr ``BIAS_FN`` (RSE:
-``"linear_distance"``, ``b_ij = -lambda_h |p_i - p_j|``).
+x_2 cos[s, t])`` (``g``: the optional per-channel gain, ``HAS_GAIN``; keys read tables of their
+own, the query's unless the caller gives others); else ``q' = q``. The transform is the flash
+kernels' own (:func:`.flash._load_encoded` and its transpose), joined into whole tiles here. The
+bias ``b_ij`` is a hook object of :mod:`.score_bias` whose function is passed in as the
+constexpr ``BIAS_FN`` (RSE: the linear distance hook, ``b_ij = -lambda_h |p_i - p_j|``).
 
 Everything is in log space, base 2 (``log2(1 - beta) = -softplus(z) log2(e)``; below, ``sp`` is
 ``softplus(z) log2(e)``, clamped at ``CLAMP``)::
 
     log2 A_ij = log2 sigmoid(z_ij) - sum_{allowed l between} sp_il   (- 1 bidirectional)
 
-so logits of any finite magnitude give finite weights and gradients. One tile computes ``z`` with
+so logits of any finite magnitude give finite weights and gradients, and an infinite logit (a key
+with an infinite entry) the weights of its limit, as the reference gives: ``+inf`` takes the
+rest of the stick, ``-inf`` nothing. One tile computes ``z`` with
 ``tl.dot``, ``e = 2^-|z|`` and ``log2(1 + e)`` (two special-function instructions; for 16-bit
 inputs half of the logs are a polynomial on the FMA units instead, :func:`_log2_1p`, which
-balances the two kinds of unit), ``sp = max(z, 0) + log2(1 + e)`` and ``log2 beta = z - sp``.
+balances the two kinds of unit), ``sp = max(z, 0) + log2(1 + e)`` and ``log2 beta = min(z, 0) -
+log2(1 + e)``.
 The sums of ``sp`` over the nearer keys of its own block are a product with a constant
 triangular matrix of ones on the tensor cores (:func:`_key_sum`: float32 values split into two
 float16 terms, about 22 bits, for float32 inputs; one float16 term, 11 bits, for 16-bit ones),
@@ -113,7 +119,9 @@ from .common import (
     smem_per_block,
 )
 from .fast_math import LOG2E, fast_log2
+from .flash import _load_encoded, _load_rows, _pair_channels, _store_decoded
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
+from .score_bias import GradTiles, tile_slot, tile_slot_count
 
 __all__ = [
     "KERNEL_DTYPES",
@@ -167,17 +175,17 @@ def _join_halves(x1, x2, HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr):
 
 
 @triton.jit
-def _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM: tl.constexpr):
-    """``cos``, ``sin`` of ``rows``: float32 ``[rows, HEAD_DIM/2]`` (rows past the end: 1, 0;
-    ``row_ok`` None: every row is in bounds, no mask)."""
-    tab = rows[:, None] * (HEAD_DIM // 2) + tl.arange(0, HEAD_DIM // 2)[None, :]
-    if row_ok is None:
-        cos = tl.load(cos_base + tab)
-        sin = tl.load(sin_base + tab)
+def _split_gain(gain, HEAD_DIM: tl.constexpr, HALF_LAYOUT: tl.constexpr, HAS_GAIN: tl.constexpr):
+    """The per-channel gain ``[HEAD_DIM]`` as the gains of each pair's two channels
+    (``[HEAD_DIM/2]`` each; 1.0 without a gain), as :func:`.flash._load_encoded` takes them."""
+    if HAS_GAIN:
+        g1, g2 = _pair_halves(tl.reshape(gain, [1, HEAD_DIM]), HEAD_DIM, HALF_LAYOUT)
+        gain_1 = tl.reshape(g1, [HEAD_DIM // 2])
+        gain_2 = tl.reshape(g2, [HEAD_DIM // 2])
     else:
-        cos = tl.load(cos_base + tab, mask=row_ok[:, None], other=1.0)
-        sin = tl.load(sin_base + tab, mask=row_ok[:, None], other=0.0)
-    return cos, sin
+        gain_1 = 1.0
+        gain_2 = 1.0
+    return gain_1, gain_2
 
 
 @triton.jit
@@ -198,24 +206,30 @@ def _load_rotated(
     """A ``[rows, HEAD_DIM]`` tile in its input dtype (rows past the end read as 0; ``row_ok``
     None: every row is in bounds, no mask), through the tables if ``HAS_TABLES``.
 
-    ``x' = g * (R x)``: the tile is loaded once and split into its pair halves in registers,
-    ``x'_1 = x_1 cos - x_2 sin``, ``x'_2 = x_1 sin + x_2 cos`` in fp32 with ``cos``/``sin``
-    ``[rows, HEAD_DIM/2]`` from the tables, joined back and multiplied by the per-channel gain
-    ``g`` if ``HAS_GAIN``.
+    ``x' = g * (R x)`` is the flash kernels' own :func:`.flash._load_encoded` (one transform for
+    both families), which returns the pair halves ``x'_1``, ``x'_2``; they are joined back here,
+    as the stick-breaking kernels take a whole tile.
     """
-    d = tl.arange(0, HEAD_DIM)
-    if row_ok is None:
-        x = tl.load(base + rows[:, None] * stride_s + d[None, :] * stride_d)
-    else:
-        x = tl.load(base + rows[:, None] * stride_s + d[None, :] * stride_d, mask=row_ok[:, None],
-                    other=0.0)  # fmt: skip
     if HAS_TABLES:
-        cos, sin = _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM)
-        x1, x2 = _pair_halves(x.to(tl.float32), HEAD_DIM, HALF_LAYOUT)
-        y = _join_halves(x1 * cos - x2 * sin, x1 * sin + x2 * cos, HEAD_DIM, HALF_LAYOUT)
-        if HAS_GAIN:
-            y = y * gain[None, :]
-        x = y.to(x.dtype)
+        t, pair_valid, first, second = _pair_channels(HEAD_DIM, HEAD_DIM // 2, HALF_LAYOUT)
+        gain_1, gain_2 = _split_gain(gain, HEAD_DIM, HALF_LAYOUT, HAS_GAIN)
+        if row_ok is None:
+            x1, x2 = _load_encoded(
+                base, stride_s, stride_d, cos_base, sin_base, rows, rows, t, pair_valid, first,
+                second, gain_1, gain_2, HEAD_DIM, HEAD_DIM // 2, HALF_LAYOUT, True, True,
+                HAS_GAIN, False,
+            )  # fmt: skip
+        else:
+            x1, x2 = _load_encoded(
+                base, stride_s, stride_d, cos_base, sin_base, rows, row_ok, t, pair_valid, first,
+                second, gain_1, gain_2, HEAD_DIM, HEAD_DIM // 2, HALF_LAYOUT, True, True,
+                HAS_GAIN, True,
+            )  # fmt: skip
+        x = _join_halves(x1, x2, HEAD_DIM, HALF_LAYOUT)
+    elif row_ok is None:
+        x = _load_rows(base, rows, rows, stride_s, stride_d, HEAD_DIM, False)
+    else:
+        x = _load_rows(base, rows, row_ok, stride_s, stride_d, HEAD_DIM, True)
     return x
 
 
@@ -235,22 +249,22 @@ def _store_unrotated(
     HALF_LAYOUT: tl.constexpr,
 ):
     """Store a float32 gradient w.r.t. ``x'`` as one w.r.t. ``x`` into a contiguous ``[seq, D]``
-    (of ``base``'s dtype).
-
-    ``dx = R(p)^T (g * dx')``: with ``y = g * dx'`` split into pair halves in registers,
-    ``dx_1 = y_1 cos + y_2 sin``, ``dx_2 = y_2 cos - y_1 sin``.
-    """
-    d = tl.arange(0, HEAD_DIM)
+    (of ``base``'s dtype): ``dx = R(p)^T (g * dx')``, the flash kernels' own
+    :func:`.flash._store_decoded` on the gradient's pair halves."""
     if HAS_TABLES:
-        if HAS_GAIN:
-            grad = grad * gain[None, :]
-        cos, sin = _pair_tables(cos_base, sin_base, rows, row_ok, HEAD_DIM)
-        y1, y2 = _pair_halves(grad, HEAD_DIM, HALF_LAYOUT)
-        grad = _join_halves(y1 * cos + y2 * sin, y2 * cos - y1 * sin, HEAD_DIM, HALF_LAYOUT)
-    tl.store(
-        base + rows[:, None] * HEAD_DIM + d[None, :], grad.to(base.dtype.element_ty),
-        mask=row_ok[:, None],
-    )  # fmt: skip
+        t, pair_valid, first, second = _pair_channels(HEAD_DIM, HEAD_DIM // 2, HALF_LAYOUT)
+        gain_1, gain_2 = _split_gain(gain, HEAD_DIM, HALF_LAYOUT, HAS_GAIN)
+        dy1, dy2 = _pair_halves(grad, HEAD_DIM, HALF_LAYOUT)
+        _store_decoded(
+            base, dy1, dy2, cos_base, sin_base, rows, row_ok, t, pair_valid, first, second,
+            gain_1, gain_2, HEAD_DIM, True, True, HAS_GAIN,
+        )  # fmt: skip
+    else:
+        d = tl.arange(0, HEAD_DIM)
+        tl.store(
+            base + rows[:, None] * HEAD_DIM + d[None, :], grad.to(base.dtype.element_ty),
+            mask=row_ok[:, None],
+        )  # fmt: skip
 
 
 @triton.jit
@@ -421,6 +435,7 @@ def _tile_logs(
     pos_j,
     scale2,
     bias_params,
+    seq_len,
     LEFT: tl.constexpr,
     MASKED: tl.constexpr,
     BIAS_FN: tl.constexpr,
@@ -432,16 +447,18 @@ def _tile_logs(
     other side of the query (and to padded queries)."""
     # z2 = z * log2(e); the per-key bias fuses into the scaling (one FFMA)
     z2 = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale2 + kbias[None, :]
-    if BIAS_FN is not None:  # the score-bias hook, times log2(e)
+    if BIAS_FN is not None:  # the score-bias hook (token indices clamped to the sequence)
         z2 += BIAS_FN(
-            rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :], bias_params, True
-        )
+            tl.minimum(rows, seq_len - 1)[:, None], tl.minimum(cols, seq_len - 1)[None, :],
+            pos_i[:, None], pos_j[None, :], bias_params, True,
+        )  # fmt: skip
     # softplus(z) = max(z, 0) + log(1 + e^-|z|); logsigmoid(z) = min(z, 0) - log(1 + e^-|z|);
     # here times log2(e). 16-bit inputs: half of the logs on the FMA units (see _log2_1p).
     log1p_exp = _log2_1p_exp2(z2, k.dtype != tl.float32)
-    sp = tl.maximum(z2, 0.0) + log1p_exp
-    log_beta = z2 - sp  # min(z, 0) - log(1 + e^-|z|), to eps |z|
-    sp = tl.minimum(sp, CLAMP)
+    sp = tl.minimum(tl.maximum(z2, 0.0) + log1p_exp, CLAMP)
+    # min(z, 0) - log(1 + e^-|z|) directly (not z - sp): exact, and 0 at z = +inf (an infinite
+    # key), where z - sp would be inf - inf
+    log_beta = tl.minimum(z2, 0.0) - log1p_exp
     if MASKED:
         if LEFT:
             side = cols[None, :] < rows[:, None]
@@ -593,7 +610,7 @@ def _forward_tile(
         HAS_TABLES, HAS_GAIN, BIAS_FN,
     )  # fmt: skip
     sp, log_beta = _tile_logs(
-        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, LEFT,
+        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, seq_len, LEFT,
         MASKED, BIAS_FN, DOT_PRECISION,
     )  # fmt: skip
     stick = s_hi + s_lo
@@ -699,6 +716,8 @@ def _stick_fwd_kernel(
     mask_ptr,
     cos_ptr,
     sin_ptr,
+    kcos_ptr,
+    ksin_ptr,
     gain_ptr,
     bias_ptr,
     stride_qb,
@@ -734,13 +753,13 @@ def _stick_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     MMA_SCAN: tl.constexpr,
 ):
-    pid_m, bh, q_base, k_base, v_base, out_base, pos_base, mask_base, cos_base, sin_base, bias = (
-        _program_setup(
-            q_ptr, k_ptr, v_ptr, out_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, bias_ptr,
-            stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob,
-            stride_oh, stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads,
-            seq_len, CAUSAL,
-        )
+    (
+        pid_m, bh, q_base, k_base, v_base, out_base, pos_base, mask_base, cos_base, sin_base,
+        kcos_base, ksin_base, bias,
+    ) = _program_setup(
+        q_ptr, k_ptr, v_ptr, out_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, kcos_ptr, ksin_ptr,
+        bias_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
+        stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads, seq_len, CAUSAL,
     )  # fmt: skip
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < seq_len
@@ -757,7 +776,7 @@ def _stick_fwd_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc, s_left = _forward_one_stick(
         acc, q, rows, row_ok, pos_i, pid_m, stats_base + _STATS_LEFT * seq_len, k_base,
-        v_base, pos_base, mask_base, cos_base, sin_base, stride_ks, stride_kd, stride_vs,
+        v_base, pos_base, mask_base, kcos_base, ksin_base, stride_ks, stride_kd, stride_vs,
         stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M, BLOCK_N, True,
         CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION, MMA_SCAN,
     )  # fmt: skip
@@ -765,7 +784,7 @@ def _stick_fwd_kernel(
     if not CAUSAL:
         acc, s_right = _forward_one_stick(
             acc, q, rows, row_ok, pos_i, pid_m, stats_base + _STATS_RIGHT * seq_len,
-            k_base, v_base, pos_base, mask_base, cos_base, sin_base, stride_ks, stride_kd,
+            k_base, v_base, pos_base, mask_base, kcos_base, ksin_base, stride_ks, stride_kd,
             stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M,
             BLOCK_N, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
             MMA_SCAN,
@@ -873,7 +892,7 @@ def _rows_tile(
         HAS_TABLES, HAS_GAIN, BIAS_FN,
     )  # fmt: skip
     sp, log_beta = _tile_logs(
-        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, LEFT,
+        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, seq_len, LEFT,
         MASKED, BIAS_FN, DOT_PRECISION,
     )  # fmt: skip
     n_hi, n_lo = _two_sum(n_hi, n_lo, -tl.sum(sp, axis=1))
@@ -997,6 +1016,8 @@ def _stick_bwd_rows_kernel(
     mask_ptr,
     cos_ptr,
     sin_ptr,
+    kcos_ptr,
+    ksin_ptr,
     gain_ptr,
     bias_ptr,
     stride_qb,
@@ -1036,13 +1057,13 @@ def _stick_bwd_rows_kernel(
     DOT_PRECISION: tl.constexpr,
     MMA_SCAN: tl.constexpr,
 ):
-    pid_m, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base, bias = (
-        _program_setup(
-            q_ptr, k_ptr, v_ptr, do_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, bias_ptr,
-            stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_dob,
-            stride_doh, stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads,
-            seq_len, CAUSAL,
-        )
+    (
+        pid_m, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base,
+        kcos_base, ksin_base, bias,
+    ) = _program_setup(
+        q_ptr, k_ptr, v_ptr, do_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, kcos_ptr, ksin_ptr,
+        bias_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_dob, stride_doh,
+        stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads, seq_len, CAUSAL,
     )  # fmt: skip
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < seq_len
@@ -1071,7 +1092,7 @@ def _stick_bwd_rows_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     dq = _backward_rows_one_stick(
         dq, q, do, s, delta * s, rows, row_ok, pos_i, pid_m, stats_base + _STATS_LEFT * seq_len,
-        ckpt_r_base, ckpt_f_base, k_base, v_base, pos_base, mask_base, cos_base, sin_base,
+        ckpt_r_base, ckpt_f_base, k_base, v_base, pos_base, mask_base, kcos_base, ksin_base,
         stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias,
         HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
         DOT_PRECISION, MMA_SCAN,
@@ -1080,7 +1101,7 @@ def _stick_bwd_rows_kernel(
         dq = _backward_rows_one_stick(
             dq, q, do, s, delta * s, rows, row_ok, pos_i, pid_m,
             stats_base + _STATS_RIGHT * seq_len, ckpt_r_base + ckpt_right,
-            ckpt_f_base + ckpt_right, k_base, v_base, pos_base, mask_base, cos_base, sin_base,
+            ckpt_f_base + ckpt_right, k_base, v_base, pos_base, mask_base, kcos_base, ksin_base,
             stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2,
             bias, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES,
             HAS_GAIN, DOT_PRECISION, MMA_SCAN,
@@ -1139,12 +1160,17 @@ def _cols_tile(
     MASKED: tl.constexpr,
     BIAS_FN: tl.constexpr,
     BIAS_GRAD_FN: tl.constexpr,
+    GRAD_PER_TILE: tl.constexpr,
+    GRAD_WIDTH: tl.constexpr,
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Query block ``m`` against key block ``pid_n``: its part of ``s dk'``, ``dv`` and
-    ``s dtheta``, exact on its own from the checkpoints at the block's edges."""
+    ``s dtheta``, exact on its own from the checkpoints at the block's edges. With
+    ``GRAD_PER_TILE`` (square tiles) ``dbias`` points at this (batch, head)'s tile slots and the
+    hook stores the tile's ``s dtheta`` sums in its own slot (side 0: the left stick, side 1: the
+    right one)."""
     rows = m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
@@ -1169,7 +1195,7 @@ def _cols_tile(
         ckpt_f_base + far_slot * BLOCK_M + at, mask=_all_or_none(BLOCK_M, has_far), other=0.0
     )
     sp, log_beta = _tile_logs(
-        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, LEFT,
+        q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, seq_len, LEFT,
         MASKED, BIAS_FN, DOT_PRECISION,
     )  # fmt: skip
     a, ga, dz = _tile_grads(
@@ -1178,9 +1204,17 @@ def _cols_tile(
     )  # fmt: skip
     dk += tl.dot(tl.trans(dz.to(k.dtype)), q, input_precision=DOT_PRECISION)
     dv += tl.dot(tl.trans(a.to(k.dtype)), do, input_precision=DOT_PRECISION)
-    if BIAS_GRAD_FN is not None:  # queries are axis 0 of these tiles
+    if BIAS_GRAD_FN is not None and GRAD_PER_TILE:  # queries are axis 0 of these tiles
+        slot = tile_slot(pid_n, m, num_m, 0 if LEFT else 1)
+        BIAS_GRAD_FN(
+            dbias + slot * GRAD_WIDTH, dz, tl.minimum(rows, seq_len - 1)[:, None],
+            tl.minimum(cols, seq_len - 1)[None, :], pos_i[:, None], pos_j[None, :],
+            bias_params, 0,
+        )  # fmt: skip
+    elif BIAS_GRAD_FN is not None:
         dbias = BIAS_GRAD_FN(
-            dbias, dz, rows[:, None], cols[None, :], pos_i[:, None], pos_j[None, :],
+            dbias, dz, tl.minimum(rows, seq_len - 1)[:, None],
+            tl.minimum(cols, seq_len - 1)[None, :], pos_i[:, None], pos_j[None, :],
             bias_params, 0,
         )  # fmt: skip
     return dk, dv, dbias
@@ -1223,6 +1257,8 @@ def _backward_cols_one_stick(
     CAUSAL: tl.constexpr,
     BIAS_FN: tl.constexpr,
     BIAS_GRAD_FN: tl.constexpr,
+    GRAD_PER_TILE: tl.constexpr,
+    GRAD_WIDTH: tl.constexpr,
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -1252,14 +1288,14 @@ def _backward_cols_one_stick(
             far, q_base, do_base, pos_base, cos_base, sin_base, rowdata_base, ckpt_r_base,
             ckpt_f_base, stride_qs, stride_qd, stride_dos, stride_dod, HALF_LAYOUT, gain, seq_len,
             scale2, bias_params, HEAD_DIM, BLOCK_M, LEFT, CAUSAL, False, BIAS_FN, BIAS_GRAD_FN,
-            HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+            GRAD_PER_TILE, GRAD_WIDTH, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
         )  # fmt: skip
     dk, dv, dbias = _cols_tile(
         dk, dv, dbias, k, v, cols, key_ok, kbias, pos_j, beside, pid_n, num_m, num_kb, s, near,
         far, q_base, do_base, pos_base, cos_base, sin_base, rowdata_base, ckpt_r_base,
         ckpt_f_base, stride_qs, stride_qd, stride_dos, stride_dod, HALF_LAYOUT, gain, seq_len,
         scale2, bias_params, HEAD_DIM, BLOCK_M, LEFT, CAUSAL, True, BIAS_FN, BIAS_GRAD_FN,
-        HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+        GRAD_PER_TILE, GRAD_WIDTH, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
     )  # fmt: skip
     return dk, dv, dbias
 
@@ -1282,6 +1318,8 @@ def _stick_bwd_cols_kernel(
     mask_ptr,
     cos_ptr,
     sin_ptr,
+    kcos_ptr,
+    ksin_ptr,
     gain_ptr,
     bias_ptr,
     stride_qb,
@@ -1309,6 +1347,7 @@ def _stick_bwd_cols_kernel(
     scale,
     ckpt_stride,
     ckpt_right,
+    grad_slots,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -1317,25 +1356,26 @@ def _stick_bwd_cols_kernel(
     BIAS_FN: tl.constexpr,
     BIAS_GRAD_FN: tl.constexpr,
     GRAD_WIDTH: tl.constexpr,
+    GRAD_PER_TILE: tl.constexpr,
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MMA_SCAN: tl.constexpr,
 ):
-    pid_n, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base, bias = (
-        _program_setup(
-            q_ptr, k_ptr, v_ptr, do_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, bias_ptr,
-            stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_dob,
-            stride_doh, stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads,
-            seq_len, False,
-        )
+    (
+        pid_n, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base,
+        kcos_base, ksin_base, bias,
+    ) = _program_setup(
+        q_ptr, k_ptr, v_ptr, do_ptr, pos_ptr, mask_ptr, cos_ptr, sin_ptr, kcos_ptr, ksin_ptr,
+        bias_ptr, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_dob, stride_doh,
+        stride_pos_b, stride_tab_b, stride_bias_b, stride_bias_h, num_heads, seq_len, False,
     )  # fmt: skip
     num_kb = tl.cdiv(seq_len, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
     cols, key_ok, kbias, pos_j, k, v = _load_keys(
-        pid_n, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
+        pid_n, k_base, v_base, mask_base, pos_base, kcos_base, ksin_base, stride_ks, stride_kd,
         stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
         HAS_TABLES, HAS_GAIN, BIAS_FN,
     )  # fmt: skip
@@ -1347,12 +1387,16 @@ def _stick_bwd_cols_kernel(
     ckpt_f_base = ckpt_f_ptr + bh * ckpt_stride
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)  # unused without BIAS_GRAD_FN
+    if GRAD_PER_TILE:
+        dbias = dbias_ptr + bh * grad_slots * GRAD_WIDTH  # this (batch, head)'s tile slots
+    else:
+        dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)  # unused without BIAS_GRAD_FN
     dk, dv, dbias = _backward_cols_one_stick(
         dk, dv, dbias, k, v, cols, key_ok, kbias, pos_j, pid_n, s, q_base, do_base, pos_base,
         cos_base, sin_base, rowdata_base, ckpt_r_base, ckpt_f_base, stride_qs, stride_qd,
         stride_dos, stride_dod, HALF_LAYOUT, gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M,
-        BLOCK_N, True, CAUSAL, BIAS_FN, BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION, MMA_SCAN,
+        BLOCK_N, True, CAUSAL, BIAS_FN, BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, HAS_TABLES,
+        HAS_GAIN, DOT_PRECISION, MMA_SCAN,
     )  # fmt: skip
     if not CAUSAL:
         dk, dv, dbias = _backward_cols_one_stick(
@@ -1360,7 +1404,8 @@ def _stick_bwd_cols_kernel(
             pos_base, cos_base, sin_base, rowdata_base, ckpt_r_base + ckpt_right,
             ckpt_f_base + ckpt_right, stride_qs, stride_qd, stride_dos, stride_dod, HALF_LAYOUT,
             gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, BIAS_FN,
-            BIAS_GRAD_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION, MMA_SCAN,
+            BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+            MMA_SCAN,
         )  # fmt: skip
 
     # These keys are queries too: the leftover of their own stick came from their own value.
@@ -1377,12 +1422,13 @@ def _stick_bwd_cols_kernel(
     dv += _leftover(s_left, s_right, CAUSAL)[:, None] * do_own
 
     _store_unrotated(
-        dk_ptr + bh * seq_len * HEAD_DIM, cols, col_in, dk * (scale / s), cos_base, sin_base, gain,
+        dk_ptr + bh * seq_len * HEAD_DIM, cols, col_in, dk * (scale / s), kcos_base, ksin_base,
+        gain,
         BLOCK_N, HEAD_DIM, HAS_TABLES, HAS_GAIN, HALF_LAYOUT,
     )  # fmt: skip
     dv_ptrs = dv_ptr + bh * seq_len * HEAD_DIM + cols[:, None] * HEAD_DIM + d[None, :]
     tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=col_in[:, None])
-    if BIAS_GRAD_FN is not None:
+    if BIAS_GRAD_FN is not None and not GRAD_PER_TILE:
         slot = (bh * num_kb + pid_n) * GRAD_WIDTH
         tl.store(dbias_ptr + slot + tl.arange(0, GRAD_WIDTH), dbias / s)
 
@@ -1481,6 +1527,7 @@ def pick_config(
     dtype: torch.dtype = torch.bfloat16,
     tables: bool = False,
     causal: bool = True,
+    square: bool = False,
 ) -> StickConfig:
     """Tiles for ``head_dim`` on ``device``; ``block`` (a power of two >= 16) forces all of them.
 
@@ -1492,7 +1539,8 @@ def pick_config(
     tiles for the backward at head_dim 128 with q/k tables. A shape is halved until one stage of
     its kernels fits in the GPU's shared memory per block (for ``dtype``, with or without q/k
     ``tables``, ``causal`` or not), with as many pipelining stages (up to 3) as fit. A ``block``
-    that cannot fit is refused with a ValueError.
+    that cannot fit is refused with a ValueError. ``square``: the backward's query and key
+    blocks equal (for a hook whose gradient is per tile).
     """
     if block is not None:
         if not isinstance(block, int) or block < 16 or block & (block - 1):
@@ -1515,6 +1563,8 @@ def pick_config(
     else:
         fwd_shapes = small
         bwd_shapes = small if head_dim < 64 else [(64, 64, 8)] + small
+    if square:
+        bwd_shapes = [shape for shape in bwd_shapes if shape[0] == shape[1]]
     size = torch.empty((), dtype=dtype).element_size()
     sides = 1 if causal else 2
     fwd = next(
@@ -1597,8 +1647,9 @@ def stick_breaking_forward(
     causal: bool,
     scale: float,
     qk_tables=None,
-    bias_hook: str | None = None,
+    bias_hook=None,
     bias_params: torch.Tensor | None = None,
+    bias_options: dict | None = None,
     block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stick-breaking attention forward (see the module docstring for the function).
@@ -1606,18 +1657,21 @@ def stick_breaking_forward(
     Args: q, k, v ``[batch, heads, seq, head_dim]`` (one dtype, any strides); positions float32
     ``[1 or batch, seq]``; key_mask ``[batch, seq]`` (nonzero = real) or None; qk_tables: an
     object with ``cos``, ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None (``q' = q``);
-    bias_hook: a name in :data:`.score_bias.SCORE_BIAS_HOOKS` or None, bias_params: the tensor
-    it reads; block: force every tile to this size (a power of two >= 16).
+    bias_hook: a :class:`.score_bias.BiasHook` or None, bias_params: the tensor
+    it reads, bias_options: its compile-time options (none: the stick-breaking kernels take no
+    hook with options); block: force every tile to this size (a power of two >= 16).
 
     Returns ``out`` ``[batch, heads, seq, head_dim]`` (input dtype, contiguous) and ``rowstats``
     ``[batch, heads, 2 * sides, seq]`` (float32), which the backward needs: per stick (left,
     then right if bidirectional) ``S``, the sum of ``softplus(z) log2(e)`` over its keys (the
     ``-log2`` of what is left of it), as a float32 pair ``(hi, lo)``.
     """
-    check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
+    check_launch_inputs(
+        q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options
+    )
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
-    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
+    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
     cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables, causal=causal)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     stats = torch.empty(
@@ -1625,7 +1679,8 @@ def stick_breaking_forward(
     )
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
     run_launch(Launch("forward", _stick_fwd_kernel, grid, (
-        q, k, v, out, stats, positions, a.mask, a.cos, a.sin, a.gain, a.bias_params,
+        q, k, v, out, stats, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain,
+        a.bias_params,
         *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
         heads, seq, float(scale),
     ), dict(
@@ -1647,8 +1702,9 @@ def stick_breaking_backward(
     causal: bool,
     scale: float,
     qk_tables=None,
-    bias_hook: str | None = None,
+    bias_hook=None,
     bias_params: torch.Tensor | None = None,
+    bias_options: dict | None = None,
     bias_grad: bool = False,
     block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -1659,7 +1715,9 @@ def stick_breaking_backward(
     as the forward (the same ``block``), plus ``grad_out`` (like the output, any strides) and
     the forward's ``rowstats``.
     """
-    check_launch_inputs(q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params)
+    check_launch_inputs(
+        q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options
+    )
     if grad_out.shape != q.shape:
         raise ValueError(f"grad_out must have shape {tuple(q.shape)}, got {tuple(grad_out.shape)}")
     batch, heads, seq, head_dim = q.shape
@@ -1671,11 +1729,15 @@ def stick_breaking_backward(
         )
     positions = positions.contiguous()
     rowstats = rowstats.contiguous()
-    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params)
+    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
     if bias_grad and (a.hook is None or a.hook.grad is None):
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
+    per_tile = bias_grad and a.hook.grad_per_tile  # one gradient slot per tile: square tiles
     grad_out = grad_out.to(q.dtype)
-    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables, causal=causal)
+    cfg = pick_config(
+        head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables, causal=causal,
+        square=per_tile,
+    )  # fmt: skip
     bm, bn = cfg.block_bwd, cfg.block_bwd_n
     num_m, num_kb = triton.cdiv(seq, bm), triton.cdiv(seq, bn)
     slots_left = _num_slots(num_m, num_kb, bm // bn, True)
@@ -1691,11 +1753,19 @@ def stick_breaking_backward(
     ckpt_r = torch.empty((batch * heads, ckpt_stride), dtype=ckpt_dtype, device=q.device)
     ckpt_f = torch.empty_like(ckpt_r)
     grad_width = a.hook.grad_width(bn) if bias_grad else 1
-    partials = torch.empty((batch * heads, num_kb, grad_width) if bias_grad else (1,), **f32)
+    # the gradient's partial sums: one slot per program, or per tile (zeros: not every tile is
+    # visited)
+    tiles = GradTiles(bn, num_kb, 1 if causal else 2) if per_tile else None
+    slots = tile_slot_count(tiles) if per_tile else num_kb
+    partials = (torch.zeros if per_tile else torch.empty)(
+        (batch * heads, slots, grad_width) if bias_grad else (1,), **f32
+    )
     switches = _switches(a, head_dim, causal, q.dtype, q.device, True)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
-    tables = (positions, a.mask, a.cos, a.sin, a.gain, a.bias_params)
+    tables = (positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain, a.bias_params)
     sizes = (heads, seq, float(scale), ckpt_stride, slots_left * bm)
+    if per_tile and bm != bn:
+        raise ValueError(f"the hook {a.hook.name!r} needs square backward tiles, got {cfg}")
     run_launch(Launch("bwd_rows", _stick_bwd_rows_kernel, (num_m, batch * heads), (
         q, k, v, grad_out, dq, rowstats, rowdata, gscale, ckpt_r, ckpt_f, *tables, *strides,
         *sizes,
@@ -1704,10 +1774,13 @@ def stick_breaking_backward(
     )))  # fmt: skip
     run_launch(Launch("bwd_cols", _stick_bwd_cols_kernel, (num_kb, batch * heads), (
         q, k, v, grad_out, dk, dv, partials, rowstats, rowdata, gscale, ckpt_r, ckpt_f,
-        *tables, *strides, *sizes,
+        *tables, *strides, *sizes, slots,
     ), dict(
         BLOCK_M=bm, BLOCK_N=bn, BIAS_GRAD_FN=a.hook.grad if bias_grad else None,
-        GRAD_WIDTH=grad_width, num_warps=cfg.bwd_warps, num_stages=cfg.cols_stages, **switches,
+        GRAD_WIDTH=grad_width, GRAD_PER_TILE=per_tile, num_warps=cfg.bwd_warps,
+        num_stages=cfg.cols_stages, **switches,
     )))  # fmt: skip
-    dparams = a.hook.reduce_grad(partials, batch, heads) if bias_grad else None
+    if per_tile:  # the tiles summed s dz: divide by the scale of G, s per (batch, head)
+        partials = partials / gscale.view(-1, 1, 1)
+    dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_shape, tiles) if bias_grad else None
     return dq, dk, dv, dparams

@@ -668,3 +668,301 @@ def test_restart_and_run_all(notebook, browser, lab, artifacts):
             f"{notebook.name}: the run changed the checkout:\n"
             + describe_checkout_change(before, after)
         )
+
+
+# --------------------------------------------------------------------------------------------
+# Slides: one notebook per family of the course, presented as a deck by jupyterlab-rise (its
+# /rise/ page on the same server), stepped through, then run from the top to its explorer.
+
+# The course map's families (README); each deck is stepped through and its explorer moved.
+RISE_DECKS = {
+    "foundations": "00_permutation_invariance.ipynb",
+    "rotations": "03_rope.ipynb",
+    "score biases": "06_score_biases.ipynb",
+    "the comparison": "10_bert_comparison.ipynb",
+}
+
+# Where the deck is: (top-level slide, sub-slide, visible fragments).
+_JS_DECK_POSITION = """() => {
+    const tops = Array.from(document.querySelectorAll('.reveal .slides > section'));
+    const h = tops.findIndex(s => s.classList.contains('present'));
+    const subs = h >= 0 ? Array.from(tops[h].querySelectorAll(':scope > section')) : [];
+    return [h, subs.findIndex(s => s.classList.contains('present')),
+            document.querySelectorAll('.reveal .fragment.visible').length];
+}"""
+
+_JS_DECK_SHAPE = """() => {
+    const tops = Array.from(document.querySelectorAll('.reveal .slides > section'));
+    return {slides: tops.length,
+            vertical: tops.reduce((n, s) => n + s.querySelectorAll(':scope > section').length, 0),
+            fragments: document.querySelectorAll('.reveal .slides .fragment').length,
+            notes: document.querySelectorAll('.reveal .slides aside.notes .jp-Cell').length};
+}"""
+
+# The present slide shows something: one of its cells, with text, lies in the viewport.
+_JS_PRESENT_RENDERED = """() => {
+    const tops = Array.from(document.querySelectorAll('.reveal .slides > section'));
+    const top = tops.find(s => s.classList.contains('present'));
+    const sub = top && Array.from(top.querySelectorAll(':scope > section'))
+        .find(s => s.classList.contains('present'));
+    const cells = Array.from((sub || top || document).querySelectorAll('.jp-Cell'))
+        .filter(c => !c.closest('aside.notes'));
+    const inView = r => r.height > 10 && r.bottom > 0 && r.top < innerHeight && r.right > 0
+        && r.left < innerWidth;
+    return cells.some(c => inView(c.getBoundingClientRect()) && c.innerText.trim().length > 0);
+}"""
+
+
+def _deck_plan(notebook: Path) -> tuple[dict, list[str]]:
+    from course_lib.classroom import slides
+
+    nb = json.loads(notebook.read_text())
+    spec = slides.load_spec(notebook.parent / "slides.yaml")
+    return nb, slides.planned_types(nb, spec.get(notebook.stem, {}), notebook.stem)
+
+
+def settled_explorer_figures(output) -> list[str]:
+    """The explorer's figures once decoded and unchanged over two polls 0.5 s apart (the RISE
+    page exposes no kernel status to wait on)."""
+    deadline = time.monotonic() + WIDGET_TIMEOUT_MS / 1000
+    previous = None
+    while True:
+        figures = output.evaluate(_JS_FIGURES)
+        if figures["loaded"] and figures["sources"] and figures == previous:
+            return figures["sources"]
+        previous = figures
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the explorer's figure did not settle: {figures}")
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("family", list(RISE_DECKS), ids=[n[:2] for n in RISE_DECKS.values()])
+def test_rise_deck_steps_through_its_slides_and_its_explorer_updates(
+    family, browser, lab, artifacts
+):
+    name = RISE_DECKS[family]
+    notebook = COURSE_ROOT / "notebooks" / name
+    nb, types = _deck_plan(notebook)
+    folder = artifacts / f"rise-{notebook.stem}"
+    folder.mkdir(exist_ok=True)
+    before = checkout_state(COURSE_ROOT)
+    log: list[str] = []
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.set_default_timeout(WIDGET_TIMEOUT_MS)
+    page = context.new_page()
+    page.on("console", lambda message: log.append(f"console.{message.type}: {message.text}"))
+    page.on("pageerror", lambda error: log.append(f"page error: {error}"))
+    try:
+        page.goto(f"{lab.base_url}/rise/{urllib.parse.quote(name)}?token={lab.token}")
+        page.wait_for_selector(".reveal.ready", timeout=180_000)
+
+        # The deck has the plan's shape: a section per slide, a vertical one per sub-slide.
+        shape = page.evaluate(_JS_DECK_SHAPE)
+        planned = {
+            "slides": types.count("slide"),
+            "vertical": types.count("slide") + types.count("subslide"),
+            "fragments": types.count("fragment"),
+            "notes": types.count("notes"),
+        }
+        assert shape == planned, f"{name}: deck {shape}, slide plan {planned}"
+
+        # Step through it (space: next fragment or slide); every position shows a rendered cell.
+        page.locator(".reveal .slides .jp-Cell").first.click()
+        page.keyboard.press("Escape")
+        steps = planned["vertical"] + planned["fragments"] - 1
+        positions = [page.evaluate(_JS_DECK_POSITION)]
+        for step in range(steps):
+            page.keyboard.press("Space")
+            page.wait_for_function(
+                f"(before) => JSON.stringify(({_JS_DECK_POSITION})()) !== JSON.stringify(before)",
+                arg=positions[-1],
+                timeout=10_000,
+            )
+            positions.append(page.evaluate(_JS_DECK_POSITION))
+            try:
+                page.wait_for_function(_JS_PRESENT_RENDERED, timeout=10_000)
+            except Exception as error:
+                page.screenshot(path=folder / f"step{step + 1:02d}-blank.png")
+                raise AssertionError(f"{name}: nothing shown at {positions[-1]}") from error
+            if positions[-1][0] < 3 and positions[-1][0] != positions[-2][0]:
+                page.screenshot(path=folder / f"slide{positions[-1][0]:02d}.png")
+        assert positions[-1][0] == planned["slides"] - 1, f"{name}: ended at {positions[-1]}"
+
+        # Live code: from the first cell, run the deck's cells in order up to the explorer.
+        explorer_index = next(
+            i
+            for i, cell in enumerate(nb["cells"])
+            if cell["cell_type"] == "code" and EXPLORER_CALL.search("".join(cell["source"]))
+        )
+        assert "skip" not in types[:explorer_index], f"{name}: a skipped cell before the explorer"
+        page.reload()  # back to the first slide, same kernel session
+        page.wait_for_selector(".reveal.ready", timeout=180_000)
+        page.locator(".reveal .slides .jp-Cell").first.click()
+        page.keyboard.press("Escape")
+        cell = page.locator(".reveal .slides .jp-Cell").nth(explorer_index)
+        for _ in range(len(nb["cells"])):  # run a cell, select the next, until the explorer
+            if "jp-mod-active" in (cell.get_attribute("class") or ""):
+                break
+            page.keyboard.press("Shift+Enter")
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"{name}: Shift+Enter never reached the explorer's cell")
+        page.keyboard.press("Control+Enter")  # run the explorer and stay on its slide
+        box = cell.locator(".widget-interact").first
+        try:
+            box.wait_for(state="attached", timeout=RUN_TIMEOUT_S * 1000)
+        except Exception as error:
+            raise AssertionError(
+                f"{name}: the explorer's widgets did not render on its slide; the cell shows: "
+                f"{cell.inner_text()[:300]!r}"
+            ) from error
+        stderr = page.evaluate(_JS_STDERR_TEXTS, page.locator(".reveal").first.element_handle())
+        assert not stderr, f"{name}: error or stderr output on the slides: {stderr}"
+        box.scroll_into_view_if_needed()
+        output = box.locator(".widget-output").first
+        settled_explorer_figures(output)
+        box.screenshot(path=folder / "explorer-initial.png")
+        controls = box.locator(":scope > .widget-inline-hbox")
+        assert controls.count() > 0, f"{name}: the explorer on the slide has no controls"
+        figures = settled_explorer_figures(output)
+        label = move_control(page, controls.first)
+        try:
+            page.wait_for_function(
+                _JS_FIGURES_CHANGED, arg=[output.element_handle(), figures], timeout=60_000
+            )
+        except Exception as error:
+            raise AssertionError(f"{name}: moving {label!r} on the slide did not redraw") from error
+        settled_explorer_figures(output)
+        box.screenshot(path=folder / f"explorer-{_slug(label)}.png")
+        print(f"{name}: deck of {steps + 1} steps, explorer moved ({label})")
+    except BaseException:
+        page.screenshot(path=folder / "failure.png")
+        raise
+    finally:
+        (folder / "console.log").write_text("\n".join(log))
+        context.close()
+        for session in lab.api("GET", "/api/sessions") if lab.process.poll() is None else []:
+            if session.get("path", "").lstrip("/") == name:
+                lab.api("DELETE", f"/api/sessions/{session['id']}")
+    after = checkout_state(COURSE_ROOT)
+    assert after == before, f"{name}: the deck changed the checkout:\n" + describe_checkout_change(
+        before, after
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The static site, built as a reader would (one command) and opened from disk in Chromium.
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory, artifacts) -> Path:
+    out = tmp_path_factory.mktemp("site") / "site"
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "course_lib.classroom.site", "--out", str(out)],
+        cwd=COURSE_ROOT,
+        env={**os.environ, "PYTHONPATH": str(COURSE_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    seconds = time.monotonic() - started
+    (artifacts / "site-build.log").write_text(f"{seconds:.0f} s\n{result.stdout}{result.stderr}")
+    assert result.returncode == 0, f"the site did not build:\n{result.stdout}{result.stderr}"
+    print(f"site built in {seconds:.0f} s")
+    return out
+
+
+# MathJax 3 finishes typesetting when its startup promise resolves.
+_JS_MATH = """async () => {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+        await MathJax.startup.promise;
+    }
+    const math = Array.from(document.querySelectorAll('.math'));
+    return {count: math.length,
+            typeset: math.filter(m => m.querySelector('mjx-container svg')).length,
+            errors: document.querySelectorAll('mjx-merror, [data-mjx-error]').length};
+}"""
+
+_JS_PAGE_FACTS = """() => ({
+    images: Array.from(document.images).map(img => ({src: img.src,
+        ok: img.complete && img.naturalWidth > 0})),
+    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+    ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
+    title: document.title,
+})"""
+
+
+def _open_offline(context, log: list[str]):
+    """A page whose every request that is not for a file on disk is refused and recorded."""
+    page = context.new_page()
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda error: log.append(f"page error: {error}"))
+
+    def route(request_route):
+        url = request_route.request.url
+        if url.startswith(("file:", "data:", "blob:")):
+            request_route.continue_()
+        else:
+            log.append(f"network request: {url}")
+            request_route.abort()
+
+    page.route("**/*", route)
+    return page
+
+
+def test_site_pages_load_from_disk_with_math_images_and_links(built_site, browser, artifacts):
+    pages = sorted(built_site.rglob("*.html"))
+    chapters = {p.stem for p in (COURSE_ROOT / "notebooks").glob("*.ipynb")}
+    assert chapters <= {p.stem for p in pages}, sorted(chapters - {p.stem for p in pages})
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    problems, ids, links, math_total = [], {}, [], 0
+    try:
+        for path in pages:
+            log: list[str] = []
+            page = _open_offline(context, log)
+            page.goto(path.as_uri(), wait_until="load")
+            math = page.evaluate(_JS_MATH)
+            facts = page.evaluate(_JS_PAGE_FACTS)
+            where = path.relative_to(built_site)
+            math_total += math["count"]
+            if math["typeset"] != math["count"] or math["errors"]:
+                problems.append(f"{where}: math typeset {math['typeset']}/{math['count']}, "
+                                f"{math['errors']} errors")  # fmt: skip
+            problems += [f"{where}: image did not load: {i['src']}" for i in facts["images"]
+                         if not i["ok"]]  # fmt: skip
+            problems += [f"{where}: {line}" for line in log
+                         if line.startswith(("console.error", "page error", "network"))]  # fmt: skip
+            ids[path.resolve()] = set(facts["ids"])
+            links += [(where, href) for href in facts["links"] if href.startswith("file:")]
+            if path.stem in ("index", "03_rope"):
+                page.screenshot(path=artifacts / f"site-{path.stem}.png", full_page=False)
+            page.close()
+    finally:
+        context.close()
+    for where, href in links:
+        parsed = urllib.parse.urlparse(href)
+        target = Path(urllib.parse.unquote(parsed.path)).resolve()
+        if not target.exists():
+            problems.append(f"{where}: link to a missing file: {href}")
+        elif parsed.fragment and target.suffix == ".html":
+            if parsed.fragment not in ids.get(target, set()):
+                problems.append(f"{where}: link to a missing anchor: {href}")
+    assert math_total > 100, f"only {math_total} formulas on the whole site"
+    assert not problems, f"{len(problems)} problems on the site:\n" + "\n".join(problems[:40])
+    print(f"site: {len(pages)} pages, {math_total} formulas, {len(links)} internal links checked")
+
+
+def test_site_search_works_from_disk(built_site, browser):
+    context = browser.new_context()
+    log: list[str] = []
+    try:
+        page = _open_offline(context, log)
+        page.goto((built_site / "search.html").as_uri() + "?q=rotation")
+        page.wait_for_selector("ul.search li a", timeout=30_000)
+        found = page.eval_on_selector_all("ul.search li a", "links => links.map(a => a.href)")
+        assert any("03_rope.html" in href for href in found), found
+        errors = [line for line in log if line.startswith(("console.error", "page error", "net"))]
+        assert not errors, errors
+    finally:
+        context.close()

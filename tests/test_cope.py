@@ -230,3 +230,22 @@ def test_kernel_through_the_backend_and_errors():
         cope_attention(q, k, v, table[:1])
     with pytest.raises(ValueError, match="power of two"):
         cope_attention(q, k, v, table, block=24)
+
+
+@needs_kernels
+def test_position_logits_stay_float32_under_autocast(monkeypatch):
+    """Mixed-precision training (the gpu preset's bf16 autocast) hands the kernel float32
+    position logits z = q E^T, whatever dtype autocast would pick for the product."""
+    from course_lib import cope_ops
+
+    seen = {}
+
+    def record(q, k, v, z, mask, scale, block):
+        seen["z"] = z.dtype
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(cope_ops._CoPEFunction, "apply", record)
+    q, k, v, table = _kernel_case(1, 2, 20, 8, seed=4)
+    with torch.autocast(device_type=q.device.type, dtype=torch.bfloat16):
+        cope_ops.cope_attention(q, k, v, table)
+    assert seen["z"] == torch.float32

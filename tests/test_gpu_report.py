@@ -1,4 +1,5 @@
-"""The kernels compile for real GPUs (H100 sm_90, A100 sm_80) and fit their limits, without a GPU.
+"""The kernels compile for real GPUs (H100 sm_90, A100 sm_80) and fit their limits, without a GPU;
+the static model's loop finder, bounds and occupancy on synthetic machine code.
 
 ``python -m course_lib.gpu_report --ci`` compiles ahead of time every launch the wrappers issue for
 a subset of variants (bf16, head_dim 64 and 128, both targets; plain attention causal and
@@ -17,7 +18,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from course_lib.kernels.score_bias import SCORE_BIAS_HOOKS  # noqa: E402
+from course_lib.kernel_hooks import registered_hooks  # noqa: E402
 
 
 def _families(hook):
@@ -63,7 +64,7 @@ def test_ci_subset_compiles_fits_and_uses_tensor_cores(tmp_path):
         if r["kernel"] != "delta":
             assert r["fma"] == 0 and r["wgmma" if r["arch"] == 90 else "mma"] > 0, r
     # Every hook present at run time was compiled for every family that takes it.
-    for name, hook in SCORE_BIAS_HOOKS.items():
+    for name, hook in registered_hooks().items():
         seen = {r["family"] for r in rows if name in r["features"]}
         assert seen >= _families(hook), (name, seen)
     # Spills above the report's bound are listed.
@@ -71,3 +72,171 @@ def test_ci_subset_compiles_fits_and_uses_tensor_cores(tmp_path):
 
     assert len(report["spills"]) == sum(r["spill_store"] > SPILL_NOTE for r in rows)
     assert not report["failures"]
+    # T5's dK/dV tile loop holds a loop over the buckets of a tile: counted whole
+    t5 = [r for r in rows if "t5" in r["features"] and r["kernel"] == "dkdv" and r["arch"] == 90]
+    assert t5 and all(any(lp["nested"] for lp in r["loops"]) for r in t5)
+    # every modelled variant: both bounds, its ratio to plain flash, each kernel's occupancy
+    for e in report["model"]:
+        assert "error" not in e, e
+        assert e["fwd_no"] >= e["fwd"] and e["bwd_no"] >= e["bwd"]
+        assert e["plain_x"] > 0 and e["plain_x_no"] > 0
+        assert all(f["ctas"] >= 1 and f["regs"] > 0 for f in e["occupancy"].values())
+
+
+# -- the static model on synthetic machine code (no compile) --------------------------------------
+
+
+def _listing(*lines: str) -> str:
+    """An ``nvdisasm -c``-style listing: ``".L_x_N:"`` lines are labels, the others
+    instructions (``"@P0 BRA `(.L_x_0)"``), one address each."""
+    out, address = [], 0
+    for line in lines:
+        if line.endswith(":"):
+            out.append(line)
+            continue
+        out.append(f"        /*{address:04x}*/                   {line} ;")
+        address += 16
+    return "\n".join(out)
+
+
+def _loops(*lines: str) -> list[dict]:
+    from course_lib.gpu_static import sass
+
+    return sass.inner_loops(sass.parse_listing(_listing(*lines)))
+
+
+def test_a_nested_loop_is_counted_whole_at_one_trip():
+    """T5's dK/dV loop holds a loop over the buckets present in a tile: the tile loop is
+    measured with every instruction of its body, the nested loop's once (not the nested loop
+    alone, as an innermost-loop finder would)."""
+    inner = ["IADD3 R2, R2, 0x1, RZ"] * 40 + ["ISETP.GE.AND P1, PT, R2, R3, PT"]
+    loops = _loops(
+        "MOV R1, c[0x0][0x28]",
+        ".L_x_0:",
+        *["FFMA R4, R5, R6, R4"] * 50,
+        ".L_x_1:",
+        *inner,
+        "@!P1 BRA `(.L_x_1)",
+        "ISETP.GE.AND P0, PT, R7, R8, PT",
+        "@!P0 BRA `(.L_x_0)",
+        "EXIT",
+    )
+    assert len(loops) == 1
+    (lp,) = loops
+    assert lp["start"] == 1 and lp["nested"] == [len(inner) + 1]
+    assert lp["total"] == 50 + len(inner) + 1 + 2
+    assert lp["counts"]["fp32"] == 50 and lp["counts"]["alu"] == len(inner) + 1
+
+
+def test_a_slow_path_jumping_back_is_not_a_loop_but_belongs_to_the_loop_it_serves():
+    """A branch back from code placed after the exit is a loop only if its target dominates it:
+    the return from a slow path into straight-line code is not one; a slow path that leaves
+    a loop and returns into it is part of that loop's body."""
+    loops = _loops(
+        "@P1 BRA `(.L_x_5)",  # to a slow path after the exit, which returns to .L_x_4
+        ".L_x_4:",
+        *["FMUL R4, R4, R5"] * 40,  # straight-line code, no loop
+        ".L_x_0:",
+        *["FFMA R4, R5, R6, R4"] * 40,
+        "@!P2 BRA `(.L_x_6)",  # the loop's slow path (a barrier wait)
+        ".L_x_7:",
+        "ISETP.GE.AND P0, PT, R7, R8, PT",
+        "@!P0 BRA `(.L_x_0)",
+        "EXIT",
+        ".L_x_5:",
+        "NOP",
+        "BRA `(.L_x_4)",
+        ".L_x_6:",
+        "SYNCS.PHASECHK.TRANS64 P2, [UR4], R9",
+        "BRA `(.L_x_7)",
+    )
+    assert len(loops) == 1
+    assert loops[0]["counts"]["fp32"] == 40 and loops[0]["total"] == 40 + 1 + 2 + 2
+
+
+def test_spills_barriers_and_both_bounds_of_a_loop():
+    from course_lib.gpu_static import sass
+
+    loops = _loops(
+        ".L_x_0:",
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24",
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24",
+        *["MUFU.EX2 R4, R4"] * 8,
+        *["FFMA R4, R5, R6, R4"] * 20,
+        "LDL R10, [R1+0x4]",
+        "STL.64 [R1+0x8], R12",
+        "LDL.LU.128 R16, [R1+0x10]",
+        "BAR.SYNC.DEFER_BLOCKING 0x0",
+        "BAR.SYNC.DEFER_BLOCKING 0x0",
+        "ISETP.GE.AND P0, PT, R7, R8, PT",
+        "@!P0 BRA `(.L_x_0)",
+        "EXIT",
+    )
+    (lp,) = loops
+    assert lp["local"] == 3 and lp["local_bytes"] == 32 * (4 + 8 + 16)
+    assert lp["barriers"] == 2
+    c = sass.loop_cycles(lp, 90, warps=8)
+    cyc = c["cycles"]
+    assert cyc["tc"] == 2 * (2 * 64 * 64 * 16) * 2 / 4096  # two warpgroups
+    assert cyc["mufu"] == 8 * 8 * 32 / 16
+    assert cyc["spill"] == 32 * 28 * 8 / sass.L1_BYTES_PER_CLOCK
+    rest = max(v for k, v in cyc.items() if k not in ("tc", "spill"))
+    busiest = max(v for k, v in cyc.items() if k != "spill")
+    assert c["overlap"] == busiest + cyc["spill"] and c["max"] == c["overlap"]
+    assert c["no_overlap"] == cyc["tc"] + rest + cyc["spill"]
+    assert c["no_overlap"] > c["overlap"] and c["bound"].endswith("+spill")
+
+
+def test_kernel_costs_both_bounds_and_ratios_to_plain():
+    from course_lib.gpu_static import model
+
+    def loop(overlap, no_overlap):
+        return dict(overlap=overlap, no_overlap=no_overlap, bound="tc")
+
+    tiles = (128, 64)
+    cost, bounds = model.kernel_cost("flash", "forward", [loop(800, 1600)], tiles, True, 8192)
+    assert cost == {"overlap": 800 / 8192, "no_overlap": 1600 / 8192} and bounds == "tc"
+    # causal: the masked loop weighs by the share of diagonal tiles
+    cost, _ = model.kernel_cost("flash", "dq", [loop(800, 800), loop(1600, 1600)], tiles, True,
+                                8192)  # fmt: skip
+    share = model._diagonal_share(tiles, True, 8192, rows_are_queries=True)
+    assert 0 < share < 0.1 and cost["overlap"] == pytest.approx((1 + share) * 800 / 8192)
+    with pytest.raises(ValueError, match="no inner loop"):
+        model.kernel_cost("flash", "dq", [], tiles, True, 8192)
+
+    def entry(features, fwd, bwd):
+        kernels = {"forward": fwd, "dkdv": {b: v / 2 for b, v in bwd.items()},
+                   "dq": {b: v / 2 for b, v in bwd.items()}}  # fmt: skip
+        e = dict(family="flash", features=features, causal=True, head_dim=64, dtype="bf16")
+        e.update(model.pair_costs("flash", kernels, 64))
+        return e
+
+    plain = entry(
+        "plain", {"overlap": 0.07, "no_overlap": 0.13}, {"overlap": 0.22, "no_overlap": 0.37}
+    )
+    slow = entry(
+        "hook", {"overlap": 0.14, "no_overlap": 0.26}, {"overlap": 0.44, "no_overlap": 0.74}
+    )
+    model.relative_to_plain([plain, slow])
+    assert plain["plain_x"] == 1.0 and slow["plain_x"] == pytest.approx(0.5)
+    assert slow["plain_x_no"] == pytest.approx(0.5)
+    a = model.ANCHORS[64]
+    assert slow["total_x_no"] == pytest.approx((a["fwd_no"] + a["bwd_no"]) / 1.0)
+
+
+def test_targets_and_occupancy():
+    from course_lib.gpu_static import targets
+
+    t = targets.TARGETS
+    assert {75, 80, 86, 89, 90, 100, 120} <= set(t)
+    assert t[75].smem_per_block == 64 * 1024 and not t[75].bf16
+    assert t[86].smem_per_block == t[89].smem_per_block == t[120].smem_per_block == 99 * 1024
+    # 8 warps at 255 registers: one CTA per SM everywhere; 4 warps at 128: limited by warps on
+    # a T4 (32 resident warps), by registers on an H100
+    for gpu in t.values():
+        assert targets.occupancy(gpu, 255, 48 * 1024, 8)["ctas"] == 1
+    assert targets.occupancy(t[75], 128, 1024, 4) == dict(
+        ctas=4, warps_per_sm=16, occupancy=0.5, limiter="regs", smem_ok=True
+    )
+    assert targets.occupancy(t[75], 32, 1024, 8)["limiter"] == "warps"
+    assert not targets.occupancy(t[86], 128, 100 * 1024, 4)["smem_ok"]

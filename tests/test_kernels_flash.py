@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from course_lib.flash_ops import flash_attention
-from course_lib.kernel_hooks import QKTables, ScoreBias
+from course_lib.kernel_hooks import QKTables, ScoreBias, kernel_positions, resolve_hook
 from course_lib.runtime import KERNEL_MODE, kernel_device
 
 pytestmark = pytest.mark.skipif(
@@ -306,10 +306,11 @@ def test_unequal_block_sizes_match_formula() -> None:
     positions = positions_2d(case, pos)
     tables = build_tables(case, positions)
     options = dict(
-        causal=True, scale=0.25, qk_tables=tables, bias_hook=case.bias, bias_params=per_head
-    )
+        causal=True, scale=0.25, qk_tables=tables, bias_hook=resolve_hook(case.bias),
+        bias_params=per_head,
+    )  # fmt: skip
     config = kernels.FlashConfig
-    fpos = positions.float().to(DEVICE)
+    fpos = kernel_positions(positions.to(DEVICE))
     out, lse = kernels.flash_attention_forward(
         q, k, v, fpos, mask, config=config(16, 32), **options
     )
@@ -582,12 +583,9 @@ def test_bad_input_raises_clear_error(make_call, error, message) -> None:
 
 
 def _hooks_with_factor():
-    from course_lib.runtime import load_kernel_module
+    from course_lib.kernel_hooks import registered_hooks
 
-    if KERNEL_MODE == "unavailable":
-        return []
-    hooks = load_kernel_module("score_bias").SCORE_BIAS_HOOKS
-    return [name for name, hook in hooks.items() if hook.factor is not None]
+    return [name for name, hook in registered_hooks().items() if hook.factor is not None]
 
 
 @pytest.mark.parametrize("name", _hooks_with_factor())
@@ -597,9 +595,7 @@ def test_factor_form_is_exp_of_the_bias(name) -> None:
     import triton
     import triton.language as tl
 
-    from course_lib.runtime import load_kernel_module
-
-    hook = load_kernel_module("score_bias").SCORE_BIAS_HOOKS[name]
+    hook = resolve_hook(name)
 
     @triton.jit
     def both_forms(POS, PARAMS, BIAS_OUT, FACTOR_OUT, BIAS_FN: tl.constexpr,
@@ -614,7 +610,7 @@ def test_factor_form_is_exp_of_the_bias(name) -> None:
 
     n = 32
     torch.manual_seed(0)
-    positions = torch.cat([torch.arange(16.0), torch.rand(16) * 1e4]).to(DEVICE)
+    positions = torch.cat([torch.arange(16), torch.randint(0, 10**4, (16,))]).float().to(DEVICE)
     params = (torch.rand(n) * 0.1).to(DEVICE)
     bias = torch.empty(n, n, device=DEVICE)
     factor = torch.empty(n, n, device=DEVICE)

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from course_lib import runtime
-from course_lib.kernel_hooks import QKTables, ScoreBias
+from course_lib.encodings.distance import LINEAR_DISTANCE
+from course_lib.kernel_hooks import QKTables, ScoreBias, kernel_positions
 from course_lib.stick_ops import stick_breaking_attention
 
 pytestmark = pytest.mark.skipif(
@@ -76,12 +77,12 @@ def logits(q, k, *, position_ids, scale, qk_tables, score_bias):
         p = torch.arange(seq, device=q.device) if position_ids is None else position_ids
         p = (p if p.dim() == 2 else p[None]).double()
         distance = (p[:, :, None] - p[:, None, :]).abs()[:, None]
-        if score_bias.hook == "linear_distance":
+        if score_bias.hook_name == "linear_distance":
             z = z - score_bias.per_head.double()[None, :, None, None] * distance
-        elif score_bias.hook == "exposb_distance":
+        elif score_bias.hook_name == "exposb_distance":
             z = z + torch.log(0.7 + 0.3 * torch.exp(-0.005 * distance))
         else:
-            raise AssertionError(score_bias.hook)
+            raise AssertionError(score_bias.hook_name)
     return z
 
 
@@ -312,10 +313,10 @@ def test_small_key_blocks_match_reference():
     mask = padding_mask(batch, seq)
     positions = torch.arange(seq, device=DEVICE)[None]
     tables = rope_tables(positions, dim, layout="half")
-    args = (q, k, v, positions.float(), mask.to(torch.int8))
+    args = (q, k, v, kernel_positions(positions), mask.to(torch.int8))
     opts = {
         "causal": False, "scale": 1.0 / math.sqrt(dim), "qk_tables": tables,
-        "bias_hook": "linear_distance", "bias_params": lam, "block": 16,
+        "bias_hook": LINEAR_DISTANCE, "bias_params": lam, "block": 16,
     }  # fmt: skip
     out, mass = kernels.stick_breaking_forward(*args, **opts)
     grads = kernels.stick_breaking_backward(

@@ -15,7 +15,7 @@ import torch
 
 from course_lib.attention import attention, attention_weights, get_attention_class
 from course_lib.encodings import REGISTRY
-from course_lib.encodings.distance import linear_distance_bias
+from course_lib.encodings.distance import LINEAR_DISTANCE, linear_distance_bias
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.model import BertConfig, MiniBert
@@ -50,7 +50,7 @@ TOY = Encoding(
     color="#17becf",
     score_bias=toy_bias,
     params={"slopes": REQUIRED},
-    kernel_bias=lambda params: ScoreBias("linear_distance", params["slopes"]),
+    kernel_bias=lambda params, positions: ScoreBias(LINEAR_DISTANCE, params["slopes"]),
     relative=True,
 )
 

@@ -72,7 +72,7 @@ def test_default_rse_is_unchanged():
     }
     assert own == {"distance_penalty_raw"}
     bias = rse_kernel_bias(module.attention_params(torch.zeros(1, 3, HIDDEN)))
-    assert bias.hook == "linear_distance" and tuple(bias.per_head.shape) == (HEADS,)
+    assert bias.hook_name == "linear_distance" and tuple(bias.per_head.shape) == (HEADS,)
 
 
 def test_options_change_what_is_learned_and_reported():
@@ -80,7 +80,7 @@ def test_options_change_what_is_learned_and_reported():
     assert biased.reported_values()["stick_bias"] == [-2.0] * HEADS
     assert biased.stick_bias.requires_grad
     bias = rse_kernel_bias(biased.attention_params(torch.zeros(1, 3, HIDDEN)))
-    assert bias.hook == "offset_linear_distance" and tuple(bias.per_head.shape) == (HEADS, 2)
+    assert bias.hook_name == "offset_linear_distance" and tuple(bias.per_head.shape) == (HEADS, 2)
     torch.testing.assert_close(bias.per_head[:, 1], torch.full((HEADS,), -2.0))
     fixed = RSEAttention(HIDDEN, HEADS, penalty_init=0.0, learn_penalty=False)
     assert not hasattr(fixed, "distance_penalty_raw")

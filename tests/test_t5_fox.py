@@ -383,10 +383,11 @@ def test_t5_bucket_in_the_tile_equals_the_reference(bidirectional, num_buckets, 
     """The kernel's bucket (counted against thresholds, no log) for every distance in a range
     well past ``max_distance``, both signs."""
     import triton
-    from course_lib.kernels import score_bias
+
+    from course_lib.encodings.t5 import T5_BUCKETS
 
     back = torch.arange(-3 * max_distance, 3 * max_distance + 1)
-    options = score_bias.SCORE_BIAS_HOOKS["t5_buckets"].kernel_options(
+    options = T5_BUCKETS.kernel_options(
         dict(num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
     )
     device = kernel_device()

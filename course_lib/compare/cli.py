@@ -15,12 +15,14 @@ all of them (DistributedDataParallel), ``runs`` gives each process whole runs. W
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from course_lib.compare.arms import ABLATIONS
+from course_lib.compare.arms import ABLATIONS, get_arm
+from course_lib.compare.files import ComparisonFileError, check_output_folder
 from course_lib.compare.presets import PRESETS, choose_preset
 from course_lib.compare.results import default_out_dir, summary_markdown, update_readme_headline
 from course_lib.compare.runner import preset_results, run_comparison, write_report
@@ -33,7 +35,8 @@ from course_lib.distributed import (
     stop,
 )
 from course_lib.model import OBJECTIVES
-from course_lib.registry import sequence_encodings
+from course_lib.registry import get_encoding, sequence_encodings
+from course_lib.train import CheckpointError
 
 __all__ = ["main"]
 
@@ -65,6 +68,50 @@ def _seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
+def _positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _folder(text: str) -> Path:
+    """An argparse ``type``: a folder name, not empty (an empty one is the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty; give a folder name (an empty one would write into the current folder)"
+        )
+    return Path(text)
+
+
+def _runs_per_objective(arms: Sequence[str], objectives: Sequence[str]) -> dict[str, list[str]]:
+    """The arms that have a run for each objective: a causal-only encoding has no masked-LM run
+    (the masked-LM model attends both ways)."""
+    return {
+        objective: [
+            arm
+            for arm in arms
+            if objective == "clm" or not get_encoding(get_arm(arm).encoding).causal_only
+        ]
+        for objective in objectives
+    }
+
+
 class _Flatten(argparse.Action):
     """Store the names of every word of a ``nargs="+"`` option as one tuple, in order, once each."""
 
@@ -93,12 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--out",
         "--out-dir",
         dest="out_dir",
-        type=Path,
+        type=_folder,
         metavar="DIR",
         help="results folder (default figures/compare_<preset>)",
     )
     parser.add_argument(
-        "--checkpoint-dir", type=Path, help="checkpoint folder (default <out-dir>/checkpoints)"
+        "--checkpoint-dir", type=_folder, help="checkpoint folder (default <out-dir>/checkpoints)"
     )
     parser.add_argument(
         "--encodings",
@@ -143,10 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="recompute finished runs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--no-figures", action="store_true", help="skip figures and summary.md")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: the preset's)")
+    parser.add_argument("--threads", type=_positive_int, help="CPU threads (default: the preset's)")
     parser.add_argument(
         "--stop-after-steps",
-        type=int,
+        type=_positive_int,
         help="stop each run's training after this many steps, keeping the checkpoint "
         "(simulates an interruption; run again without it to resume)",
     )
@@ -158,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--dist-timeout",
-        type=float,
+        type=_seconds,
         default=DEFAULT_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help="under torchrun: how long a process waits for the others before the run fails "
@@ -168,17 +215,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         preset = choose_preset(args.preset)
+        for option, folder in (("--out", args.out_dir), ("--checkpoint-dir", args.checkpoint_dir)):
+            if folder is not None:
+                check_output_folder(folder, option)
     except ValueError as error:
         parser.error(str(error))
-    if args.dist_timeout <= 0:
-        parser.error(f"--dist-timeout must be > 0, got {args.dist_timeout}")
     if args.report:
         out_dir = args.out_dir or default_out_dir(preset.name)
-        for path in write_report(out_dir, preset):
+        try:
+            written = write_report(out_dir, preset)
+        except ComparisonFileError as error:
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
+        for path in written:
             print(f"wrote {path}")
         if preset.name == "cpu" and Path(out_dir).resolve() == default_out_dir("cpu").resolve():
             print(f"wrote {update_readme_headline(preset_results(out_dir, preset))}")
         return 0
+    _check_some_run(parser, args, preset)
     processes = None
     if launched():
         processes = start(preset.device, args.parallel or "data", args.dist_timeout)
@@ -210,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         if processes is not None:
             print(_failure_message(processes, error), file=sys.stderr, flush=True)
+        elif isinstance(error, (ComparisonFileError, CheckpointError)):
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
         raise
     stop(processes)
     if processes is not None and not processes.is_main:
@@ -220,6 +275,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     if results:
         print(summary_markdown(results))
     return 0
+
+
+def _check_some_run(parser: argparse.ArgumentParser, args: argparse.Namespace, preset) -> None:
+    """Exit with the reason when the chosen encodings, ablations and objectives make no run;
+    say which chosen encodings are skipped for an objective."""
+    ablations = preset.ablations if args.ablations is None else args.ablations
+    arms = [
+        *(args.encodings or preset.encoding_names()),
+        *(a for a in ablations if a != "none"),
+    ]
+    runs = _runs_per_objective(arms, args.objectives or preset.objectives)
+    skipped = {
+        objective: [arm for arm in arms if arm not in chosen] for objective, chosen in runs.items()
+    }
+    if not any(runs.values()):
+        reasons = "; ".join(
+            f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} causal only, so "
+            f"{'it has' if len(names) == 1 else 'they have'} no {objective} run (the masked-LM "
+            "model attends both ways)"
+            for objective, names in skipped.items()
+            if names
+        )
+        parser.error(
+            f"nothing to run: {reasons}. Add clm to --objectives, or choose an encoding that "
+            "attends both ways"
+        )
+    for objective, names in skipped.items():
+        if names and args.encodings is not None:
+            print(
+                f"note: {', '.join(names)}: causal only, so no {objective} run",
+                file=sys.stderr,
+            )
 
 
 def _failure_message(processes: Processes, error: Exception) -> str:

@@ -8,10 +8,10 @@ has none); :func:`summary_markdown` turns them into the headline table.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from course_lib.compare.arms import ABLATIONS, arm_names
+from course_lib.compare.files import check_result, read_json
 from course_lib.compare.stats import by_arm, paired, spread
 from course_lib.model import OBJECTIVES
 
@@ -70,11 +70,10 @@ def load_results(out_dir: str | Path) -> list[dict]:
     order = {name: i for i, name in enumerate(arm_names())}
     results = []
     for path in sorted(out_dir.glob("*.json")):
-        result = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(result, dict) and result.get("identity", {}).get("format_version") == (
-            FORMAT_VERSION
-        ):
-            results.append(result)
+        # a damaged file raises, naming it; one of an older format is left out
+        result = check_result(path, read_json(path), keys=("identity",))
+        if result["identity"].get("format_version") == FORMAT_VERSION:
+            results.append(check_result(path, result))
     if not results:
         raise FileNotFoundError(f"no comparison results (*.json) in {out_dir}")
     results.sort(

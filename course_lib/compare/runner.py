@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from course_lib.compare.arms import get_arm
+from course_lib.compare.files import ComparisonFileError, no_runs_message, read_result
 from course_lib.compare.presets import Preset, choose_preset
 from course_lib.compare.results import (
     default_out_dir,
@@ -210,9 +211,9 @@ def run_one(
             result_path.unlink(missing_ok=True)
             checkpoint_path.unlink(missing_ok=True)
         if result_path.exists():
-            saved = json.loads(result_path.read_text(encoding="utf-8"))
+            saved = read_result(result_path)
             if saved.get("identity") != identity:
-                raise ValueError(
+                raise ComparisonFileError(
                     f"{result_path} was computed with a different configuration than preset "
                     f"{preset.name!r}; recompute it with force=True (--force) or use another "
                     "out_dir"
@@ -573,7 +574,10 @@ def write_report(out_dir: str | Path, preset: Preset | str) -> list[Path]:
 
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     out_dir = Path(out_dir)
-    saved = preset_results(out_dir, preset)
+    files = list(out_dir.glob("*.json"))
+    saved = preset_results(out_dir, preset) if files else []
+    if not saved:
+        raise ComparisonFileError(no_runs_message(out_dir, preset.name, len(files)))
     written = write_figures(saved, out_dir)
     summary = out_dir / "summary.md"
     summary.write_text(summary_markdown(saved), encoding="utf-8")

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.checks import check_int as _check_int
+
 
 def check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    """An integer (a numpy one too, never a bool) ``>= minimum``, as an ``int``."""
+    return _check_int(name, value, minimum)
 
 
 def check_stream(tokens: object) -> torch.Tensor:

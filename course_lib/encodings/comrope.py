@@ -62,7 +62,8 @@ def comrope_generators(basis: torch.Tensor, angles: torch.Tensor) -> torch.Tenso
 
     ``basis``: ``[..., b, b]`` (any real matrix; ``Q = matrix_exp(skew(basis))`` is orthogonal).
     ``angles``: ``[..., n, b/2]``, one speed per coordinate ``i`` and plane ``j``.
-    Returns ``[..., n, b, b]``; ``A_i A_k = A_k A_i`` for all ``i, k`` up to rounding.
+    Returns ``[..., n, b, b]`` in float32 (float64 if an input is); ``A_i A_k = A_k A_i`` for
+    all ``i, k`` up to rounding.
     """
     if not (isinstance(basis, torch.Tensor) and isinstance(angles, torch.Tensor)):
         raise TypeError("basis and angles must be torch tensors")
@@ -80,6 +81,9 @@ def comrope_generators(basis: torch.Tensor, angles: torch.Tensor) -> torch.Tenso
             f"angles must be [..., n, b/2] = [..., n, {b // 2}] (one speed per coordinate and "
             f"plane of the {b} x {b} basis), got {tuple(angles.shape)}"
         )
+    # float32 (float64 for float64): matrix_exp in float16 gives NaN
+    dt = torch.float64 if torch.float64 in (basis.dtype, angles.dtype) else torch.float32
+    basis, angles = basis.to(dt), angles.to(dt)
     q = torch.linalg.matrix_exp(skew_part(basis))[..., None, :, :]  # [..., 1, b, b]
     return q @ plane_generators(angles) @ q.transpose(-1, -2)  # [..., n, b, b]
 

@@ -68,9 +68,16 @@ def interpolate_position_logits(z: torch.Tensor, positions: torch.Tensor) -> tor
     lower = positions.floor()
     w = positions - lower
     z = z.expand(*positions.shape[:-1], z.shape[-1])
-    z_lower = z.gather(-1, lower.long())
-    z_upper = z.gather(-1, positions.ceil().long())
+    # A NaN count (from NaN scores) has no row to read: read row 0 there and let w carry the NaN
+    # to the result, as every other method propagates NaN input.
+    z_lower = z.gather(-1, _row_index(lower, z.shape[-1]))
+    z_upper = z.gather(-1, _row_index(positions.ceil(), z.shape[-1]))
     return z_lower * (1 - w) + z_upper * w
+
+
+def _row_index(rows: torch.Tensor, npos: int) -> torch.Tensor:
+    """Integer row numbers in ``[0, npos - 1]`` from whole-number floats (NaN -> 0)."""
+    return rows.nan_to_num(0.0).clamp(0, npos - 1).long()
 
 
 def cope_bias(scores: torch.Tensor, q: torch.Tensor, allowed: torch.Tensor, params: dict):

@@ -1,10 +1,16 @@
-"""Score biases that are a function of the distance ``|p_i - p_j|`` (shared by several encodings)."""
+"""Score biases that are a function of the distance ``|p_i - p_j|`` (shared by several encodings).
+
+The reference formula in torch, and the fused kernels' hook for it: ALiBi (fixed slopes) and RSE
+(a learned penalty) both hand the kernels :data:`LINEAR_DISTANCE`.
+"""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["linear_distance_bias"]
+from course_lib.runtime import kernels_available
+
+__all__ = ["LINEAR_DISTANCE", "linear_distance_bias"]
 
 
 def linear_distance_bias(
@@ -17,3 +23,21 @@ def linear_distance_bias(
     """
     distance = (query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)).abs()  # [1|B, Nq, Nk]
     return -slopes.view(1, -1, 1, 1) * distance.unsqueeze(1).to(slopes.dtype)
+
+
+# -- the fused kernels' hook (Triton only) --------------------------------------------------------
+LINEAR_DISTANCE = None
+"""The kernels' hook ``b_ij = -per_head[h] * |p_i - p_j|`` (``per_head`` ``[heads]``, learnable):
+the distance is taken in registers from the positions, and the gradient of ``per_head`` is
+``-sum_ij dS_ij |p_i - p_j|``, one partial sum per key column. None without Triton."""
+if kernels_available():
+    from course_lib.kernels import score_bias as _library
+
+    LINEAR_DISTANCE = _library.BiasHook(
+        name="linear_distance",
+        formula="b_ij = -per_head[h] * |p_i - p_j|",
+        bias=_library.linear_distance_bias,
+        grad=_library.linear_distance_grad,
+        param="per_head",
+        reduce=_library.per_head_total,
+    )

@@ -19,6 +19,7 @@ from course_lib.encodings.rope import (
 )
 from course_lib.kernel_hooks import QKTables, ScoreBias
 from course_lib.registry import Encoding, register
+from course_lib.runtime import kernels_available
 
 __all__ = [
     "exposb_amplitude",
@@ -104,6 +105,28 @@ def exposb_score_bias(
     return exposb_distance_bias(query_positions, key_positions).unsqueeze(1)  # [1|B, 1, Nq, Nk]
 
 
+# -- the fused kernels' hook (Triton only) --------------------------------------------------------
+EXPOSB_DISTANCE = None
+"""``b_ij = log(0.7 + 0.3 exp(-0.005 |p_i - p_j|))``, no parameter, with a factor form: the flash
+kernels multiply their weights by ``0.7 + 0.3 exp(-0.005 |p_i - p_j|)`` (one ``exp2`` per pair)
+instead of adding its log. Its functions are in ``kernels/score_bias.py``, where chapter 04 reads
+them. None without Triton."""
+if kernels_available():
+    from course_lib.kernels import score_bias as _library
+
+    EXPOSB_DISTANCE = _library.BiasHook(
+        name="exposb_distance",
+        formula="b_ij = log(0.7 + 0.3 * exp(-0.005 * |p_i - p_j|))",
+        bias=_library.exposb_distance_bias,
+        factor=_library.exposb_distance_factor,
+    )
+
+
+def exposb_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:
+    """The distance factor for the fused kernels (:data:`EXPOSB_DISTANCE`)."""
+    return ScoreBias(EXPOSB_DISTANCE)
+
+
 class ExpoSBAttention(RoPEAttention):
     """RoPE with the report's amplitude, band-pass gain and distance factor; no parameters.
 
@@ -126,6 +149,7 @@ register(
         params={"base": 10000.0, "style": "interleaved"},
         check_params=check_rope_params,
         kernel_tables=exposb_kernel_tables,
-        kernel_bias=lambda params: ScoreBias("exposb_distance"),
+        kernel_bias=exposb_kernel_bias,
+        kernel_hooks=(EXPOSB_DISTANCE,) if EXPOSB_DISTANCE is not None else (),
     )
 )

@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_float_tensor
+from course_lib.checks import any_true, check_float_tensor
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
+from course_lib.runtime import kernels_available
 
 __all__ = ["FoXAttention", "cumulative_log_forget", "forget_bias_for_decay_time", "fox_bias"]
 
@@ -69,17 +70,60 @@ def check_fox_params(params: dict, *, heads: int, head_dim: int, device, positio
             f"and key), got {shape}"
         )
     values = log_forget.detach()
-    if bool((values > 0).any()):
+    if any_true(values > 0):
         raise ValueError(
             f"log_forget must be <= 0 (log of a gate f in (0, 1]); got a maximum of "
             f"{values.max().item():.3g}"
         )
 
 
-def fox_kernel_bias(params: dict) -> ScoreBias:
-    """The ``"cumulative_log_gates"`` hook: ``b_ij = c_i - c_j`` with ``c`` ``[batch, heads,
-    seq]`` the cumulative sum (in torch, so autograd carries ``dc`` back to ``log f``)."""
-    return ScoreBias("cumulative_log_gates", per_token=cumulative_log_forget(params["log_forget"]))
+# -- the fused kernels' hook (Triton only) --------------------------------------------------------
+CUMULATIVE_LOG_GATES = None
+"""``b_ij = per_token[b, h, i] - per_token[b, h, j]`` with ``per_token = c = cumsum(log f)``:
+FoX's forget gates in the flash kernels (``c_i - c_j = sum_{l=j+1..i} log f_l``). Flash only:
+its gradient leaves out the query side, which is 0 under softmax alone. None without Triton."""
+if kernels_available():
+    import triton
+    import triton.language as tl
+
+    from course_lib.kernels.score_bias import BiasHook, per_token_columns
+
+    @triton.jit
+    def cumulative_log_gates_bias(
+        idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
+    ):
+        """``c_i - c_j`` (times ``log2 e`` if ``BASE2``); ``params`` points at this (batch,
+        head)'s ``c`` ``[seq]``, read at the token indices."""
+        value = tl.load(params + idx_q) - tl.load(params + idx_k)
+        if BASE2:
+            value = value * 1.4426950408889634
+        return value
+
+    @triton.jit
+    def cumulative_log_gates_grad(
+        acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
+        OPTIONS: tl.constexpr = None,
+    ):  # fmt: skip
+        """Per key column: ``acc_j -= sum_i dS_ij`` (``d b_ij / d c_j = -1``). The query side
+        ``d loss / d c_i = sum_j dS_ij`` is exactly 0 under softmax (each row of ``dS`` sums to
+        0: adding a constant to a row does not change a softmax), so it is not formed."""
+        return acc - tl.sum(ds, axis=QUERY_AXIS)
+
+    CUMULATIVE_LOG_GATES = BiasHook(
+        name="cumulative_log_gates",
+        formula="b_ij = per_token[i] - per_token[j] (FoX: cumulative log forget gates)",
+        bias=cumulative_log_gates_bias,
+        grad=cumulative_log_gates_grad,
+        param="per_token",
+        reduce=per_token_columns,
+        families=("flash",),
+    )
+
+
+def fox_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:
+    """:data:`CUMULATIVE_LOG_GATES`: ``b_ij = c_i - c_j`` with ``c`` ``[batch, heads, seq]`` the
+    cumulative sum (in torch, so autograd carries ``dc`` back to ``log f``)."""
+    return ScoreBias(CUMULATIVE_LOG_GATES, per_token=cumulative_log_forget(params["log_forget"]))
 
 
 def forget_bias_for_decay_time(decay_time: float | torch.Tensor) -> torch.Tensor:
@@ -138,6 +182,7 @@ register(
         per_key_params=("log_forget",),
         check_params=check_fox_params,
         kernel_bias=fox_kernel_bias,
+        kernel_hooks=(CUMULATIVE_LOG_GATES,) if CUMULATIVE_LOG_GATES is not None else (),
         reads_positions=False,  # the gates come from content; hooks get token indices
         relative=True,  # position ids are never read: shifting them changes nothing
         causal_only=True,

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.checks import any_true, check_real
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import Encoding, register
 
@@ -33,9 +34,7 @@ class LearnedAttention(PositionalSelfAttention):
         init_std: float = 0.02,
     ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
-        if not isinstance(init_std, (int, float)) or not 0.0 < init_std < float("inf"):
-            raise ValueError(f"init_std must be a finite number > 0, got {init_std!r}")
-        self.init_std = float(init_std)
+        self.init_std = check_real("init_std", init_std, above=0.0)
         self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
         nn.init.normal_(self.position_embeddings.weight, std=self.init_std)
 
@@ -48,7 +47,13 @@ class LearnedAttention(PositionalSelfAttention):
 
     def add_positions(self, hidden_states, position_ids):
         limit = self.position_embeddings.num_embeddings
-        if bool((position_ids < 0).any()) or bool((position_ids >= limit).any()):
+        if any_true(position_ids < 0):
+            raise ValueError(
+                f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
+                f"{int(position_ids.min())}: row p of the table is position p, so positions must "
+                "be >= 0"
+            )
+        if any_true(position_ids >= limit):
             raise ValueError(
                 f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
                 f"{int(position_ids.max())}. A learned table knows nothing past its last row; "

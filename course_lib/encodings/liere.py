@@ -23,11 +23,10 @@ the first step. ``b = 4`` by default: the smallest even block whose rotations ne
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from course_lib.checks import check_floating_input, check_real
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -118,7 +117,9 @@ def apply_block_rotation(
     ``[batch, heads, seq, D]``). ``generators``: ``[n, b, b]`` (every head) or
     ``[heads, n, b, b]`` (one set per head, ``x`` ``[batch, heads, seq, D]``); ``b`` divides ``D``.
     """
+    check_floating_input(x, "x", " (a rotation of real channels: convert with x.float())")
     check_generators(generators)
+    base = check_block_base(base)
     n, b = generators.shape[-3], generators.shape[-1]
     seq, dim = x.shape[-2], x.shape[-1]
     _check_coords(coords, n)
@@ -174,9 +175,9 @@ def liere_transform(x: torch.Tensor, positions: torch.Tensor, params: dict) -> t
     return apply_block_rotation(x, positions, params["generators"], base=params["base"])
 
 
-def check_block_base(base) -> None:
-    if not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
-        raise ValueError(f"the block scales' base must be a positive finite number, got {base!r}")
+def check_block_base(base) -> float:
+    """The base of the block scales ``w_k = base**(-k/m)``: a finite number > 0."""
+    return check_real("the block scales' base", base, above=0.0)
 
 
 def check_liere_params(

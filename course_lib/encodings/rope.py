@@ -10,10 +10,18 @@ in Hugging Face's ``rope_parameters`` convention, see :func:`rope_frequencies`.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
-from course_lib.checks import check_choice, check_even_dim
+from course_lib.checks import (
+    check_choice,
+    check_even_dim,
+    check_floating_input,
+    check_int,
+    check_integer_tensor,
+    check_real,
+)
 from course_lib.kernel_hooks import PAIR_LAYOUTS, QKTables
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import Encoding, register
@@ -56,9 +64,15 @@ _SCALING_KEYS: dict[str, dict[str, object]] = {
 ROPE_SCALING_TYPES: tuple[str, ...] = tuple(_SCALING_KEYS)
 
 
+def check_rope_base(base: object) -> float:
+    """RoPE's ``base``: a finite number > 0 (the wavelengths are ``2 pi base**(2t/D)``)."""
+    return check_real("RoPE base", base, above=0.0)
+
+
 def rope_inverse_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
     """``w_t = base**(-2t/head_dim)`` for pairs ``t = 0..head_dim/2-1`` (float32)."""
-    check_even_dim(head_dim, "head_dim for RoPE")
+    head_dim = check_even_dim(head_dim, "head_dim for RoPE")
+    base = check_rope_base(base)
     return (base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).to(
         torch.float32
     )
@@ -68,7 +82,10 @@ def check_rope_scaling(scaling: dict | None) -> dict | None:
     """Validate a scaling dict; return it with every default filled in (None stays None).
 
     ``{"rope_type": "linear" | "ntk" | "dynamic" | "yarn", "factor": s >= 1, ...}``; dynamic and
-    yarn also need ``original_max_position_embeddings`` (the training length ``L``).
+    yarn also need ``original_max_position_embeddings`` (the training length ``L``, an integer
+    >= 1). YaRN's options: ``beta_fast > beta_slow > 0`` (turns over ``L``), ``attention_factor``
+    None or > 0, ``mscale`` and ``mscale_all_dim`` None or >= 0 (0 counts as not given, as in
+    Hugging Face), ``truncate`` a bool. Numbers must be finite, and not bools.
     """
     if scaling is None:
         return None
@@ -94,17 +111,51 @@ def check_rope_scaling(scaling: dict | None) -> dict | None:
             raise ValueError(f"RoPE scaling of rope_type {rope_type!r} needs {key!r}")
         out[key] = value
     factor = out["factor"]
-    if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, numbers.Real)
+        or not math.isfinite(factor)
+        or factor < 1
+    ):
         raise ValueError(
             f"RoPE scaling factor must be a number >= 1 (how many times longer than trained), "
             f"got {factor!r}"
         )
-    length = out["original_max_position_embeddings"]
-    if length is not None and (not isinstance(length, int) or length < 1):
-        raise ValueError(
-            f"original_max_position_embeddings must be a positive integer, got {length!r}"
+    out["factor"] = float(factor)
+    if out["original_max_position_embeddings"] is not None:
+        out["original_max_position_embeddings"] = check_int(
+            "original_max_position_embeddings (the training length)",
+            out["original_max_position_embeddings"],
+            minimum=1,
         )
+    if rope_type == "yarn":
+        _check_yarn_options(out)
     return out
+
+
+def _check_yarn_options(c: dict) -> None:
+    """YaRN's options, in place (see :func:`check_rope_scaling`)."""
+    c["beta_fast"] = check_real(
+        "YaRN beta_fast (turns over the training length)", c["beta_fast"], above=0.0
+    )
+    c["beta_slow"] = check_real(
+        "YaRN beta_slow (turns over the training length)", c["beta_slow"], above=0.0
+    )
+    if not c["beta_fast"] > c["beta_slow"]:
+        raise ValueError(
+            f"YaRN needs beta_fast > beta_slow > 0 (pairs turning more than beta_fast times keep "
+            f"their frequency, fewer than beta_slow are interpolated), got beta_fast="
+            f"{c['beta_fast']:g}, beta_slow={c['beta_slow']:g}"
+        )
+    if c["attention_factor"] is not None:
+        c["attention_factor"] = check_real(
+            "YaRN attention_factor (multiplies q and k)", c["attention_factor"], above=0.0
+        )
+    for key in ("mscale", "mscale_all_dim"):
+        if c[key] is not None:
+            c[key] = check_real(f"YaRN {key}", c[key], at_least=0.0)
+    if not isinstance(c["truncate"], bool):
+        raise TypeError(f"YaRN truncate must be True or False, got {c['truncate']!r}")
 
 
 def _yarn_scale(factor: float, mscale: float = 1.0) -> float:
@@ -131,15 +182,39 @@ def _yarn_frequencies(head_dim: int, base: float, c: dict) -> tuple[torch.Tensor
     interpolated_share = ((t - low) / (high - low)).clamp(0.0, 1.0)  # 0: keep, 1: divide by s
     inv_freq = rope_inverse_frequencies(head_dim, base).to(torch.float64)
     inv_freq = inv_freq * (1 - interpolated_share) + inv_freq / factor * interpolated_share
+    return inv_freq.to(torch.float32), _yarn_attention_factor(c)
+
+
+def _yarn_attention_factor(c: dict) -> float:
+    """The factor on q and k: ``attention_factor`` if given, else ``0.1 ln s + 1`` (or the ratio
+    of the two mscale terms when both are given, as in Hugging Face)."""
+    factor = float(c["factor"])
     if c["attention_factor"] is not None:
-        attention_factor = float(c["attention_factor"])
-    elif c["mscale"] and c["mscale_all_dim"]:
-        attention_factor = _yarn_scale(factor, c["mscale"]) / _yarn_scale(
-            factor, c["mscale_all_dim"]
+        return float(c["attention_factor"])
+    if c["mscale"] and c["mscale_all_dim"]:
+        return _yarn_scale(factor, c["mscale"]) / _yarn_scale(factor, c["mscale_all_dim"])
+    return _yarn_scale(factor)
+
+
+def _ntk_base(base: float, growth: float, head_dim: int, rope_type: str) -> float:
+    """NTK-aware base ``base * growth**(D/(D-2))``; needs ``head_dim >= 4`` and a finite result."""
+    if head_dim < 4:
+        raise ValueError(
+            f"{rope_type} RoPE scaling changes the base by s^(D/(D-2)), which needs head_dim >= 4 "
+            f"(got head_dim={head_dim}: its one pair is the fastest, which NTK leaves unchanged); "
+            "use rope_type 'linear' or no scaling"
         )
-    else:
-        attention_factor = _yarn_scale(factor)
-    return inv_freq.to(torch.float32), attention_factor
+    try:
+        new_base = base * growth ** (head_dim / (head_dim - 2))
+    except OverflowError:
+        new_base = math.inf
+    if not math.isfinite(new_base):
+        raise ValueError(
+            f"{rope_type} RoPE scaling by {growth:g} at head_dim={head_dim} makes the base "
+            f"{base:g} * {growth:g}^({head_dim}/{head_dim - 2}) overflow a float; use a smaller "
+            "factor"
+        )
+    return new_base
 
 
 def rope_frequencies(
@@ -168,7 +243,8 @@ def rope_frequencies(
     factor ``s*n/L - (s-1)`` grows with ``n`` whatever ``s``). The attention factor multiplies cos
     and sin, i.e. both q and k.
     """
-    check_even_dim(head_dim, "head_dim for RoPE")
+    head_dim = check_even_dim(head_dim, "head_dim for RoPE")
+    base = check_rope_base(base)
     c = check_rope_scaling(scaling)
     if c is None:
         return rope_inverse_frequencies(head_dim, base), 1.0
@@ -176,14 +252,14 @@ def rope_frequencies(
     if rope_type == "linear":
         return rope_inverse_frequencies(head_dim, base) / factor, 1.0
     if rope_type == "ntk":
-        return rope_inverse_frequencies(head_dim, base * factor ** (head_dim / (head_dim - 2))), 1.0
+        return rope_inverse_frequencies(head_dim, _ntk_base(base, factor, head_dim, "ntk")), 1.0
     if rope_type == "dynamic":
         length = c["original_max_position_embeddings"]
         if seq_len is None:
             raise ValueError("dynamic RoPE scaling needs seq_len (the current sequence length)")
-        n = max(int(seq_len), length)
-        grown = (factor * n / length - (factor - 1)) ** (head_dim / (head_dim - 2))
-        return rope_inverse_frequencies(head_dim, base * grown), 1.0
+        n = max(check_int("seq_len (the current sequence length)", seq_len, minimum=0), length)
+        growth = factor * n / length - (factor - 1)
+        return rope_inverse_frequencies(head_dim, _ntk_base(base, growth, head_dim, "dynamic")), 1.0
     return _yarn_frequencies(head_dim, base, c)
 
 
@@ -200,8 +276,7 @@ def rope_angles(
     With ``scaling``, ``w_t`` comes from :func:`rope_frequencies` (its attention factor is not
     part of the angles: see :func:`apply_rope`).
     """
-    if position_ids.is_floating_point() or position_ids.dtype == torch.bool:
-        raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
+    check_integer_tensor(position_ids, "position_ids")
     inv_freq, _ = rope_frequencies(head_dim, base=base, scaling=scaling, seq_len=seq_len)
     return position_ids.to(torch.float32).unsqueeze(-1) * inv_freq.to(position_ids.device)
 
@@ -264,11 +339,13 @@ def apply_rope(
     Angles are float32 whatever the dtype of ``x``; the rotation runs in float32 (float64 for
     float64 inputs) and the result is cast back.
     """
+    check_floating_input(x, "x", " (RoPE rotates real channel pairs: convert with x.float())")
     check_choice("RoPE style", style, ROPE_STYLES)
     check_even_dim(x.shape[-1], "head_dim for RoPE")
+    check_integer_tensor(position_ids, "position_ids")
     scaling = check_rope_scaling(scaling)
     if seq_len is None and scaling is not None and scaling["rope_type"] == "dynamic":
-        seq_len = int(position_ids.max()) + 1
+        seq_len = _default_seq_len(position_ids)
     angles = _angles_for(x, position_ids, base, scaling, seq_len)
     _, attention_factor = rope_frequencies(x.shape[-1], base=base, scaling=scaling, seq_len=seq_len)
     dt = compute_dtype(x)
@@ -276,6 +353,11 @@ def apply_rope(
     if attention_factor != 1.0:
         cos, sin = cos * attention_factor, sin * attention_factor
     return rotate_pairs(x.to(dt), cos, sin, style).to(x.dtype)
+
+
+def _default_seq_len(positions: torch.Tensor) -> int:
+    """Dynamic scaling's current length: ``max(positions) + 1`` (0 for no positions)."""
+    return int(positions.max()) + 1 if positions.numel() else 0
 
 
 def rope_half_permutation(head_dim: int) -> torch.Tensor:
@@ -312,16 +394,14 @@ def check_rope_params(
     """``style`` in :data:`ROPE_STYLES`, ``base`` > 0, an even head_dim, a valid ``scaling``
     (dynamic scaling: ``seq_len`` defaults to ``max(positions) + 1``, the same for q and k)."""
     check_choice("RoPE style", params["style"], ROPE_STYLES)
-    base = params["base"]
-    if not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
-        raise ValueError(f"RoPE base must be a positive finite number, got {base!r}")
+    params["base"] = check_rope_base(params["base"])
     if head_dim % 2:
         raise ValueError(f"RoPE rotates channel pairs: head_dim must be even, got {head_dim}")
     if "scaling" in params:
         params["scaling"] = check_rope_scaling(params["scaling"])
         dynamic = params["scaling"] is not None and params["scaling"]["rope_type"] == "dynamic"
         if dynamic and params["seq_len"] is None and positions is not None:
-            params["seq_len"] = int(positions.max()) + 1
+            params["seq_len"] = _default_seq_len(positions)
 
 
 class RoPEAttention(PositionalSelfAttention):

@@ -15,11 +15,9 @@ kernels run it from per-token cos/sin tables with no change.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from course_lib.checks import check_choice
+from course_lib.checks import check_choice, check_floating_input, check_real
 from course_lib.encodings.rope import rotate_pairs
 from course_lib.kernel_hooks import PAIR_LAYOUTS, QKTables
 from course_lib.layers import PositionalSelfAttention
@@ -67,9 +65,15 @@ def check_coords(coords: torch.Tensor, seq: int, what: str = "coords") -> None:
         )
 
 
+def check_rope_2d_base(base: object) -> float:
+    """2D RoPE's ``base``: a finite number > 0."""
+    return check_real("2D RoPE base", base, above=0.0)
+
+
 def rope_2d_frequencies(head_dim: int, base: float = 100.0) -> torch.Tensor:
     """``theta_t = base**(-t / (D/4))`` for ``t = 0..D/4-1`` (float32): one set per axis."""
     check_axial_head_dim(head_dim)
+    base = check_rope_2d_base(base)
     quarter = head_dim // 4
     return (base ** (-torch.arange(quarter, dtype=torch.float64) / quarter)).to(torch.float32)
 
@@ -96,6 +100,7 @@ def apply_rope_2d(
     ``head_dim`` must be a multiple of 4. Angles are float32; the rotation runs in float32
     (float64 for float64 inputs).
     """
+    check_floating_input(x, "x", " (2D RoPE rotates real channel pairs: convert with x.float())")
     check_choice("RoPE style", style, PAIR_LAYOUTS)
     check_axial_head_dim(x.shape[-1])
     check_coords(coords, x.shape[-2])
@@ -131,9 +136,7 @@ def check_rope_2d_params(
 ) -> None:
     """``style`` in ``PAIR_LAYOUTS``, ``base`` > 0, ``head_dim`` a multiple of 4."""
     check_choice("RoPE style", params["style"], PAIR_LAYOUTS)
-    base = params["base"]
-    if not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
-        raise ValueError(f"2D RoPE base must be a positive finite number, got {base!r}")
+    params["base"] = check_rope_2d_base(params["base"])
     check_axial_head_dim(head_dim)
 
 

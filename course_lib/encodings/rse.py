@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.checks import check_choice, check_distance_penalty, check_float_tensor
-from course_lib.encodings.distance import linear_distance_bias
+from course_lib.encodings.distance import LINEAR_DISTANCE, linear_distance_bias
 from course_lib.encodings.rope import (
     RoPEAttention,
     check_rope_params,
@@ -27,6 +27,7 @@ from course_lib.encodings.rope import (
 )
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.registry import NORMALISER_NAMES, REQUIRED, Encoding, register
+from course_lib.runtime import kernels_available
 
 __all__ = ["RSEAttention"]
 
@@ -42,13 +43,62 @@ def rse_penalty(
     return bias
 
 
-def rse_kernel_bias(params: dict) -> ScoreBias:
-    """The penalty for the fused kernels: ``linear_distance``, or ``offset_linear_distance``
-    with ``[heads, 2]`` = (lambda_h, beta_h) when there is a stick bias."""
+# -- the fused kernels' hooks (Triton only) -------------------------------------------------------
+OFFSET_LINEAR_DISTANCE = None
+"""``b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]``: RSE's penalty with its learned
+stick bias, a ``[heads, 2]`` table of ``(lambda_h, beta_h)``, in both kernel families. Without a
+stick bias RSE uses the shared linear distance hook. None without Triton."""
+if kernels_available():
+    import triton
+    import triton.language as tl
+
+    from course_lib.kernels.score_bias import BiasHook, per_head_slots
+
+    @triton.jit
+    def offset_linear_distance_bias(
+        idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
+    ):
+        """``-slope * |p_i - p_j| + offset`` with ``(slope, offset) = per_head[h, :]`` (times
+        ``log2 e`` if ``BASE2``); ``params`` points at this head's row of the table."""
+        slope = tl.load(params)
+        offset = tl.load(params + 1)
+        if BASE2:
+            slope = slope * 1.4426950408889634
+            offset = offset * 1.4426950408889634
+        return offset - slope * tl.abs(pos_q - pos_k)
+
+    @triton.jit
+    def offset_linear_distance_grad(
+        acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
+        OPTIONS: tl.constexpr = None,
+    ):  # fmt: skip
+        """``acc[0] -= sum_ij dS_ij |p_i - p_j|`` (``d b_ij / d slope = -|p_i - p_j|``) and
+        ``acc[1] += sum_ij dS_ij`` (``d b_ij / d offset = 1``): the whole tile in two sums."""
+        d_slope = -tl.sum(ds * tl.abs(pos_q - pos_k))
+        d_offset = tl.sum(ds)
+        slots = tl.arange(0, acc.shape[0])
+        return acc + tl.where(slots == 0, d_slope, d_offset)
+
+    OFFSET_LINEAR_DISTANCE = BiasHook(
+        name="offset_linear_distance",
+        formula="b_ij = -per_head[h, 0] * |p_i - p_j| + per_head[h, 1]",
+        bias=offset_linear_distance_bias,
+        grad=offset_linear_distance_grad,
+        param="per_head",
+        reduce=per_head_slots,
+        width=lambda options: 2,
+        grad_width_fn=lambda block_keys, options: 2,
+    )
+
+
+def rse_kernel_bias(params: dict, positions: torch.Tensor | None = None) -> ScoreBias:
+    """The penalty for the fused kernels: the shared linear distance hook, or
+    :data:`OFFSET_LINEAR_DISTANCE` with ``[heads, 2]`` = (lambda_h, beta_h) when there is a
+    stick bias."""
     if params["stick_bias"] is None:
-        return ScoreBias("linear_distance", params["distance_penalty"])
+        return ScoreBias(LINEAR_DISTANCE, params["distance_penalty"])
     both = torch.stack((params["distance_penalty"], params["stick_bias"]), dim=-1)
-    return ScoreBias("offset_linear_distance", both)
+    return ScoreBias(OFFSET_LINEAR_DISTANCE, both)
 
 
 def check_rse_params(params: dict, *, heads: int, head_dim: int, device, **call) -> None:
@@ -166,6 +216,7 @@ register(
         check_params=check_rse_params,
         kernel_tables=rope_kernel_tables,
         kernel_bias=rse_kernel_bias,
+        kernel_hooks=tuple(h for h in (LINEAR_DISTANCE, OFFSET_LINEAR_DISTANCE) if h is not None),
         relative=True,
         learnable=True,
     )

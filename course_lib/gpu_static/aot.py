@@ -4,8 +4,9 @@ The launch's arguments go through Triton's own binder for a CUDA target (dtype, 
 alignment, the ``== 1`` and ``% 16`` integer specialisation), then ``triton.compile`` builds it.
 From the result: dynamic shared memory (Triton's metadata), registers and spill bytes (the ptxas
 Triton uses, same flags, with ``-v``), and the lowering of every ``tl.dot`` read from the TTGIR:
-``wgmma`` (Hopper warp-group MMA), ``mma`` (``mma.sync``, the Ampere path) or ``fma`` (CUDA
-cores: expected for fp32 with IEEE products, a failure for 16-bit inputs).
+``wgmma`` (Hopper warp-group MMA), ``tcgen5`` (Blackwell's tensor-memory MMA, sm_100), ``mma``
+(``mma.sync``, the Ampere path, also sm_75, sm_86, sm_89 and sm_120) or ``fma`` (CUDA cores:
+expected for fp32 with IEEE products, a failure for 16-bit inputs).
 """
 
 from __future__ import annotations
@@ -66,16 +67,20 @@ def _ptxas(arch: int):
     return get_ptxas(arch)
 
 
-def tool_versions() -> str:
+def tool_versions(archs=(90, 80)) -> str:
+    """Triton's version and the ptxas each target is assembled with (Triton picks one per
+    target: its Blackwell ptxas from sm_90 on)."""
     import triton
 
-    return (
-        f"triton {triton.__version__}, ptxas {_ptxas(90).version} (sm_90a) / "
-        f"{_ptxas(80).version} (sm_80)"
-    )
+    by_tool: dict[str, list[str]] = {}
+    for arch in archs:
+        by_tool.setdefault(str(_ptxas(arch).version), []).append(gpu_name(arch))
+    tools = "; ".join(f"ptxas {v} ({', '.join(names)})" for v, names in by_tool.items())
+    return f"triton {triton.__version__}, {tools}"
 
 
 def gpu_name(arch: int) -> str:
+    """The ``--gpu-name`` Triton gives ptxas: ``sm_90a`` from Hopper on, else ``sm_80``."""
     return f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
 
 
@@ -102,12 +107,15 @@ def ptxas_usage(ptx: str, arch: int) -> dict:
 
 
 def dot_lowering(ttgir: str) -> dict:
-    """Count the dots of a TTGIR by lowering: ``wgmma``, ``mma`` (mma.sync) and ``fma``."""
+    """Count the dots of a TTGIR by lowering: ``wgmma``, ``tcgen5``, ``mma`` (mma.sync) and
+    ``fma``."""
     versions = dict(re.findall(r"^(#mma\d*) = #ttg\.nvidia_mma<\{versionMajor = (\d)", ttgir, re.M))
-    out = {"wgmma": 0, "mma": 0, "fma": 0}
+    out = {"wgmma": 0, "tcgen5": 0, "mma": 0, "fma": 0}
     for line in ttgir.splitlines():
         if "ttng.warp_group_dot " in line:
             out["wgmma"] += 1
+        elif "ttng.tc_gen5_mma " in line:
+            out["tcgen5"] += 1
         elif re.search(r"= tt\.dot ", line):
             enc = re.search(r"-> tensor<[^,>]+, (#\w+)>", line)
             version = versions.get(enc.group(1)) if enc else None

@@ -12,17 +12,24 @@ code. Nothing is allocated and nothing runs.
 
 The kernels are loaded from ``kernels/`` as a separate package with ``TRITON_INTERPRET`` unset
 (``course_lib`` sets it on a machine without a GPU, and Triton reads it when a kernel is
-decorated), so they are real compiled-mode kernels.
+decorated), so they are real compiled-mode kernels. The score-bias hooks are found through the
+registry (every record's ``kernel_hooks``, and the kernels' per-distance hook): a hook defined in
+an encoding's file was decorated for the interpreter, so :func:`compiled_hook` decorates its
+functions again for the compiler, from the same source, with the helpers they call (by name,
+from their module) replaced by their compiled versions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
 import math
 import os
 import sys
+import types
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,7 +42,11 @@ __all__ = [
     "DTYPES",
     "Features",
     "Variant",
+    "compile_ready",
+    "compiled_hook",
     "feature_sets",
+    "hook_users",
+    "hooks",
     "kernel_package",
     "plan",
     "workspace",
@@ -74,10 +85,123 @@ def _module(name: str):
     return sys.modules[f"{_PACKAGE}.{name}"]
 
 
+@contextmanager
+def _compiled_mode():
+    """Decorate with ``TRITON_INTERPRET`` unset (Triton reads it when a function is decorated)."""
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _is_triton_function(value) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(value, (JITFunction, InterpretedFunction))
+
+
+def compile_ready() -> None:
+    """Make this process able to compile kernels ahead of time: Triton's own ``@triton.jit``
+    library was decorated for the interpreter (``course_lib`` sets ``TRITON_INTERPRET`` without a
+    GPU, before the encodings' hooks import Triton), so it is decorated again for the compiler
+    (:func:`course_lib.runtime.set_triton_library_mode`). Call it only in a process that
+    compiles and never runs the interpreter again (the report's workers)."""
+    from course_lib.runtime import set_triton_library_mode
+
+    set_triton_library_mode(interpret=False)
+
+
+_FUNCTIONS: dict[int, object] = {}
+_NAMESPACES: dict[int, dict] = {}
+
+
+def _compiled_namespace(module_globals: dict) -> dict:
+    """A copy of a module's globals in which every Triton function is its compiled version."""
+    key = id(module_globals)
+    if key not in _NAMESPACES:
+        namespace = _NAMESPACES[key] = dict(module_globals)
+        for name, value in module_globals.items():
+            if _is_triton_function(value):
+                namespace[name] = compiled_function(value)
+    return _NAMESPACES[key]
+
+
+def compiled_function(fn):
+    """The compiled-mode version of a ``@triton.jit`` function decorated for the interpreter.
+
+    A function of ``course_lib.kernels`` is the same-named one of :func:`kernel_package`; any
+    other is decorated again from its own code, with a copy of its module's globals in which the
+    Triton functions it may call are compiled versions too (helpers must be called by name).
+    """
+    python = getattr(fn, "fn", fn)
+    module = python.__module__ or ""
+    if module.startswith("course_lib.kernels."):
+        return getattr(_module(module.rsplit(".", 1)[1]), python.__name__)
+    key = id(python)
+    if key not in _FUNCTIONS:
+        namespace = _compiled_namespace(python.__globals__)
+        if key not in _FUNCTIONS:  # (filling the namespace may have made it already)
+            copy = types.FunctionType(
+                python.__code__, namespace, python.__name__, python.__defaults__,
+                python.__closure__,
+            )  # fmt: skip
+            copy.__module__, copy.__qualname__ = module, python.__qualname__
+            copy.__doc__ = python.__doc__
+            import triton
+
+            with _compiled_mode():
+                _FUNCTIONS[key] = triton.jit(copy)
+    return _FUNCTIONS[key]
+
+
+def compiled_hook(hook):
+    """A score-bias hook object with compiled-mode functions (see :func:`compiled_function`),
+    as an instance of the compiled package's ``BiasHook``."""
+    fields = {f.name: getattr(hook, f.name) for f in dataclasses.fields(hook)}
+    for name in ("bias", "grad", "factor"):
+        if fields[name] is not None:
+            fields[name] = compiled_function(fields[name])
+    return _module("score_bias").BiasHook(**fields)
+
+
+_HOOKS: dict[str, object] = {}
+
+
+def hook_users() -> dict[str, list[str]]:
+    """``hook name -> the encodings that can hand it to the kernels``: those that list it in
+    their record's ``kernel_hooks``; for the per-distance table, those with a ``distance_bias``
+    (marked ``*`` where the record's ``kernel_bias`` chooses between the table and a specialised
+    hook of its own)."""
+    from course_lib.kernel_hooks import registered_hooks
+    from course_lib.registry import REGISTRY
+
+    users: dict[str, list[str]] = {name: [] for name in registered_hooks()}
+    for name, encoding in REGISTRY.items():
+        for hook in encoding.kernel_hooks:
+            users.setdefault(hook.name, []).append(name)
+        if encoding.distance_bias is not None and "diagonal_table" in users:
+            users["diagonal_table"].append(name + ("" if encoding.kernel_bias is None else "*"))
+    return users
+
+
+def hooks() -> dict[str, object]:
+    """``name -> compiled hook`` of every hook the registry knows
+    (:func:`course_lib.kernel_hooks.registered_hooks`)."""
+    if not _HOOKS:
+        from course_lib.kernel_hooks import registered_hooks
+
+        _HOOKS.update({name: compiled_hook(h) for name, h in registered_hooks().items()})
+    return _HOOKS
+
+
 @dataclass(frozen=True)
 class Features:
     """What a wrapper call switches on: ``tables`` (None or a pair layout), ``gain``, ``hook``
-    (a score-bias hook name or None), ``grad`` (its parameter gradient), ``mask``."""
+    (the name of a registered score-bias hook, see :func:`hooks`, or None), ``grad`` (its
+    parameter gradient), ``mask``."""
 
     tables: str | None = None
     gain: bool = False
@@ -107,24 +231,22 @@ def _families(hook) -> tuple[str, ...]:
 def feature_sets(full: bool, family: str | None = None) -> list[Features]:
     """The feature combinations compiled for each family.
 
-    Always: no tables and no bias (``plain``), interleaved tables (RoPE), and for every hook in
-    ``SCORE_BIAS_HOOKS`` at run time tables + gain + the hook (with its gradient when it has a
+    Always: no tables and no bias (``plain``), interleaved tables (RoPE), and for every hook the
+    registry knows (:func:`hooks`) tables + gain + the hook (with its gradient when it has a
     learnable tensor), the heaviest combination each hook can be part of (only the hooks that
     ``family`` takes, when given). ``full`` adds tables
     with a gain alone, each hook with tables but no gain and with no tables, the half pair
     layout and a key-padding mask.
     """
-    hooks = {
-        name: hook
-        for name, hook in _module("score_bias").SCORE_BIAS_HOOKS.items()
-        if family is None or family in _families(hook)
+    chosen = {
+        name: hook for name, hook in hooks().items() if family is None or family in _families(hook)
     }
     out = [Features(), Features(tables="interleaved")]
-    for name, hook in hooks.items():
+    for name, hook in chosen.items():
         out.append(Features("interleaved", True, name, hook.grad is not None))
     if full:
         out.append(Features("interleaved", True))
-        for name, hook in hooks.items():
+        for name, hook in chosen.items():
             learnable = hook.grad is not None
             out.append(Features("interleaved", False, name, learnable))
             out.append(Features(None, False, name, learnable))
@@ -159,17 +281,12 @@ class Variant:
 
 def _hook_params(hook, batch: int, heads: int, seq: int) -> torch.Tensor | None:
     """A meta tensor of the shape the hook reads (None for a hook without one); a table's width
-    comes from the hook's ``example_options``."""
+    comes from the hook's ``example_options``, a per-diagonal table is shared by the batch."""
     if hook.param is None:
         return None
-    if hook.param == "per_token":
-        shape = (batch, heads, seq)
-    elif hook.param == "per_head" and getattr(hook, "width", None) is not None:
-        shape = (heads, hook.width(dict(hook.example_options)))
-    elif hook.param == "per_head":
-        shape = (heads,)
-    else:
-        raise ValueError(f"the report does not know how to build a {hook.param!r} tensor")
+    shape = hook.tensor_shape(batch, heads, seq, hook.example_options)
+    if hook.param == "per_diagonal":
+        shape = (1, *shape[1:])
     return torch.empty(shape, dtype=torch.float32, device="meta")
 
 
@@ -200,7 +317,6 @@ def workspace(v: Variant) -> int:
 
 def _plan(v: Variant) -> tuple[list, int]:
     common = _module("common")
-    hooks = _module("score_bias").SCORE_BIAS_HOOKS
     f = v.features
     batch = max(1, BENCH_TOKENS // BENCH_SEQ)
     heads, seq, d = max(1, BENCH_HIDDEN // v.head_dim), BENCH_SEQ, v.head_dim
@@ -218,19 +334,20 @@ def _plan(v: Variant) -> tuple[list, int]:
         cos = torch.empty(1, seq, d // 2, dtype=torch.float32, **meta)
         gain = torch.empty(d, dtype=torch.float32, **meta) if f.gain else None
         tables = _Tables(cos, cos.clone(), gain, f.tables)
-    params = None if f.hook is None else _hook_params(hooks[f.hook], batch, heads, seq)
+    hook = None if f.hook is None else hooks()[f.hook]
+    params = None if hook is None else _hook_params(hook, batch, heads, seq)
     options = dict(
         causal=v.causal,
         scale=1.0 / math.sqrt(d),
         qk_tables=tables,
-        bias_hook=f.hook,
+        bias_hook=hook,
         bias_params=params,
     )
     fwd_name = "flash_attention_forward" if v.family == "flash" else "stick_breaking_forward"
     m = _module("flash" if v.family == "flash" else "stick_breaking")
     keyword = _options_keyword(getattr(m, fwd_name))
-    if f.hook is not None and keyword is not None:
-        options[keyword] = dict(getattr(hooks[f.hook], "example_options", {}) or {})
+    if hook is not None and keyword is not None:
+        options[keyword] = dict(hook.example_options or {})
     with common.planned_launches(v.arch) as launches:
         if v.family == "flash":
             out, lse = m.flash_attention_forward(q, k, val, positions, mask, **options)

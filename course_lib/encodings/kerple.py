@@ -1,0 +1,156 @@
+"""KERPLE, kernelized relative positional embedding (Chi, Fan, Ramadge & Rudnicky 2022) (chapter 06).
+
+No position in q or k: like ALiBi, each head adds a penalty of the distance to its scores, but
+one shaped by two learned numbers per head. KERPLE starts from a conditionally positive definite
+kernel of the distance, shifted into a bias (Chi et al. 2022, "KERPLE: Kernelized Relative
+Positional Embedding for Length Extrapolation", NeurIPS 2022, section 4, the two variants
+evaluated there)::
+
+    logarithmic:  b_ij = -r1_h * log(1 + r2_h * |p_i - p_j|)      r1_h > 0, r2_h > 0
+    power:        b_ij = -r1_h * |p_i - p_j| ** r2_h              r1_h > 0, 0 < r2_h <= 2
+
+The power variant with ``r2 = 1`` is ALiBi with a learned slope; the logarithmic one keeps
+falling with distance but ever more slowly, the variant the paper finds best at extrapolation.
+Both are symmetric in ``p_i - p_j`` (the paper's causal models see only ``i >= j``; a
+bidirectional layer sees the same penalty on both sides, like symmetric ALiBi).
+
+Constraints come from the parametrisation: ``r1 = softplus(raw)``, ``r2 = softplus(raw)``
+(logarithmic) or ``r2 = 2 sigmoid(raw)`` (power), so no step of the optimiser leaves the allowed
+set. (The authors' code projects instead, clamping the parameters to at least ``1e-2``, and
+``r2`` of the power variant to at most 2, after each step.) Initial values are the authors'
+uniform draws per head, floored at ``1e-2``: ``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)`` (logarithmic) and
+``r1 ~ U(0, 1)``, ``r2 ~ U(0, 2)`` (power).
+
+The bias is a function of the distance alone, written here in plain torch (``distance_bias``):
+the reference builds ``b`` from it, and the fused kernels of both families read it per pair from
+a table of one value per distance (``course_lib.kernel_hooks.distance_score_bias``), so
+autograd carries the table's gradient to ``r1`` and ``r2``. This file holds no kernel code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.checks import check_choice, check_float_tensor
+from course_lib.layers import PositionalSelfAttention
+from course_lib.registry import REQUIRED, Encoding, register
+
+__all__ = ["KERPLE_VARIANTS", "KERPLEAttention", "kerple_bias"]
+
+KERPLE_VARIANTS: tuple[str, ...] = ("log", "power")
+_FLOOR = 1e-2  # the authors' smallest parameter value
+
+
+def kerple_bias(
+    distances: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, variant: str = "log"
+) -> torch.Tensor:
+    """KERPLE's bias of each distance: ``[...]`` (integer ``p_i - p_j``), ``[H]``, ``[H]`` ->
+    ``[H, ...]`` in the parameters' dtype.
+
+    ``log``: ``-r1 log(1 + r2 |d|)``; ``power``: ``-r1 |d|^r2`` (0 at ``d = 0``, where the
+    exponent's gradient ``|d|^r2 log|d|`` is taken as its limit, 0).
+    """
+    check_choice("KERPLE variant", variant, KERPLE_VARIANTS)
+    shape = (-1, *([1] * distances.dim()))
+    r1, r2 = r1.view(shape), r2.view(shape)
+    distance = distances.abs().to(r1.dtype)
+    if variant == "log":
+        return -r1 * torch.log1p(r2 * distance)
+    positive = distance > 0
+    safe = torch.where(positive, distance, torch.ones_like(distance))  # no 0 ** r2 in autograd
+    return -r1 * torch.where(positive, safe**r2, torch.zeros_like(distance))
+
+
+# -- hooks of the registry record ----------------------------------------------------------------
+def kerple_distance_bias(distances: torch.Tensor, params: dict) -> torch.Tensor:
+    """-r1_h log(1 + r2_h |p_i - p_j|) (or -r1_h |p_i - p_j|^r2_h), two learned numbers per head"""
+    return kerple_bias(distances, params["r1"], params["r2"], params["variant"])
+
+
+def check_kerple_params(params: dict, *, heads: int, head_dim: int, device, **call) -> None:
+    """``r1``, ``r2``: finite floating ``[heads]`` tensors, ``r1 > 0`` and ``r2 > 0`` (``r2 <= 2``
+    for the power variant); ``variant`` in :data:`KERPLE_VARIANTS`."""
+    variant = check_choice("KERPLE variant", params["variant"], KERPLE_VARIANTS)
+    for name in ("r1", "r2"):
+        check_float_tensor(params[name], f"KERPLE {name}", "[heads]", device, shape=(heads,))
+        if bool((params[name].detach() <= 0).any()):
+            raise ValueError(f"KERPLE {name} must be > 0 for every head (the kernel's parameters)")
+    if variant == "power" and bool((params["r2"].detach() > 2).any()):
+        raise ValueError(
+            "KERPLE's power variant needs 0 < r2 <= 2 (|d|^r2 is conditionally positive "
+            "definite only there)"
+        )
+
+
+class KERPLEAttention(PositionalSelfAttention):
+    """Softmax attention plus KERPLE's learned penalty of the distance, two numbers per head.
+
+    ``variant``: ``"log"`` (default, ``-r1 log(1 + r2 |d|)``) or ``"power"`` (``-r1 |d|^r2``).
+    ``r1`` and ``r2`` are ``[num_heads]``, one pair per layer, constrained by their
+    parametrisation (see the module docstring). ``max_position_embeddings`` is not used: the
+    penalty is defined at every distance.
+    """
+
+    encoding = "kerple"
+
+    def __init__(
+        self,
+        hidden_size,
+        num_heads,
+        max_position_embeddings=512,
+        dropout=0.0,
+        backend="reference",
+        *,
+        variant: str = "log",
+    ):
+        super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
+        self.variant = check_choice("KERPLE variant", variant, KERPLE_VARIANTS)
+        r1_high, r2_high = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
+        r1 = (torch.rand(num_heads) * r1_high).clamp(min=_FLOOR)
+        r2 = (torch.rand(num_heads) * r2_high).clamp(min=_FLOOR)
+        self.r1_raw = nn.Parameter(torch.log(torch.expm1(r1)))  # softplus^-1
+        if variant == "log":
+            self.r2_raw = nn.Parameter(torch.log(torch.expm1(r2)))
+        else:
+            half = (r2 / 2).clamp(max=1 - _FLOOR)
+            self.r2_raw = nn.Parameter(torch.log(half / (1 - half)))  # sigmoid^-1
+
+    @property
+    def r1(self) -> torch.Tensor:
+        """``r1`` per head, ``[heads]``, always > 0."""
+        return F.softplus(self.r1_raw)
+
+    @property
+    def r2(self) -> torch.Tensor:
+        """``r2`` per head, ``[heads]``: > 0, and < 2 for the power variant."""
+        if self.variant == "log":
+            return F.softplus(self.r2_raw)
+        return 2.0 * torch.sigmoid(self.r2_raw)
+
+    def attention_params(self, hidden_states: torch.Tensor) -> dict:
+        return {"r1": self.r1, "r2": self.r2, "variant": self.variant}
+
+    def reported_values(self) -> dict[str, list[float]]:
+        """``r1`` and ``r2`` per head, for results files."""
+        return {"r1": self.r1.detach().cpu().tolist(), "r2": self.r2.detach().cpu().tolist()}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, variant={self.variant!r}"
+
+
+register(
+    Encoding(
+        name="kerple",
+        chapter="06_score_biases",
+        summary="a learned penalty -r1 log(1 + r2 |i - j|) per head (or -r1 |i - j|^r2)",
+        module=KERPLEAttention,
+        color="#e7ba52",
+        distance_bias=kerple_distance_bias,
+        params={"r1": REQUIRED, "r2": REQUIRED, "variant": "log"},
+        check_params=check_kerple_params,
+        relative=True,
+        learnable=True,
+    )
+)

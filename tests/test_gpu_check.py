@@ -1,0 +1,393 @@
+"""``python -m course_lib.gpu_check`` on a CPU: its plan, its checks (the kernels in Triton's
+interpreter, through the same code), its comparisons and verdicts with a fake GPU and timer,
+its report and figure, its notebook and training phases, and its refusal without a GPU."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from course_lib.gpu_check import cases, cli, correctness, notebooks, report, speed, training
+from course_lib.gpu_check.device import Device
+from course_lib.registry import attention_methods
+from course_lib.runtime import KERNEL_MODE
+
+needs_kernels = pytest.mark.skipif(
+    KERNEL_MODE == "unavailable", reason="Triton is not installed (no wheels on this platform)"
+)
+
+
+class FakeDevice(Device):
+    """A GPU that is the CPU, with a timer that returns the times it is given, in order, and
+    never runs the step (so a test times nothing)."""
+
+    def __init__(self, capability=(9, 0), times=None):
+        super().__init__("Fake GPU 9000", capability, 80 * 2**30, torch.device("cpu"))
+        self.times = list(times or [])
+        self.calls = 0
+
+    def measure(self, step, leaves):
+        self.calls += 1
+        ms = self.times.pop(0) if self.times else 1.0
+        return ms, 2**20
+
+
+def _args(*argv):
+    return cli.parse_args(list(argv))
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+def test_without_a_gpu_it_says_so_and_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "gpu_report" in err
+    # a GPU whose kernels are not compiled in this process (TRITON_INTERPRET=1) is refused too
+    import course_lib.runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(course_lib.runtime, "kernel_mode", lambda: "interpreter")
+    assert cli.main([]) == 2
+    assert "not compiled" in capsys.readouterr().err
+
+
+def test_the_plan_follows_the_registry_and_the_gpu():
+    names = set(attention_methods())
+    causal_only = {n for n, e in attention_methods().items() if e is not None and e.causal_only}
+    h100 = cli.make_plan(FakeDevice((9, 0)), _args("--skip", "notebooks", "training"))
+    assert {c.method for c in h100.correctness} == names == {c.method for c in h100.speed}
+    assert {c.dtype for c in h100.correctness} == {"fp32", "fp16", "bf16"}
+    assert {(c.causal, c.method) for c in h100.correctness if not c.causal}.isdisjoint(
+        {(False, n) for n in causal_only}
+    )
+    assert {c.head_dim for c in h100.correctness} == {64, 128}
+    assert {c.seq for c in h100.correctness} == {200, 256}  # ragged, and aligned
+    assert {c.dtype for c in h100.speed} == {"bf16"} and all(c.causal for c in h100.speed)
+    assert {(c.seq, c.head_dim) for c in h100.speed} == {(n, d) for n in (1024, 4096, 8192)
+                                                       for d in (64, 128)}  # fmt: skip
+    assert h100.training is None and not h100.notebooks
+    # a T4: no bf16 anywhere, the speed phase and training in fp16
+    t4 = cli.make_plan(FakeDevice((7, 5)), _args("--quick", "--skip", "notebooks"))
+    assert "bf16" not in {c.dtype for c in t4.correctness}
+    assert {c.dtype for c in t4.speed} == {"fp16"} and {c.head_dim for c in t4.speed} == {64}
+    assert t4.training.train.autocast_dtype == "float16" and t4.training.train.steps == 100
+    with pytest.raises(SystemExit):
+        _args("--seqs", "0")
+    # --methods: only those cases; training only the ones that are sequence encodings
+    some = cli.make_plan(FakeDevice((9, 0)), _args("--quick", "--methods", "fox", "softmax"))
+    assert {c.method for c in some.correctness} == {c.method for c in some.speed} == {"fox", "softmax"}
+    assert some.training_encodings == ("fox",)
+    with pytest.raises(SystemExit, match="unknown method"):
+        cli.make_plan(FakeDevice((9, 0)), _args("--methods", "fxo"))
+
+
+# -- correctness ----------------------------------------------------------------------------------
+
+
+@needs_kernels
+def test_a_case_compares_outputs_and_every_gradient_and_catches_a_wrong_kernel(monkeypatch):
+    """T5 (a learned table) in fp32 in the interpreter, through ``attention()``: the output,
+    dq, dk, dv and the table's gradient agree; a kernel off by 1% is reported wrong."""
+    case = correctness.CorrectnessCase("t5", "fp32", True, 16, seq=21, batch=1, heads=2)
+    row = correctness.check_case(case, torch.device("cpu"))
+    assert row["status"] == "ok", row
+    assert set(row["errors"]) == {"out", "dq", "dk", "dv", "dbias_table"}
+    assert row["worst"] <= correctness.TOLERANCE["fp32"]
+
+    import course_lib.attention
+
+    original = course_lib.attention.attention
+
+    def off_by_one_percent(*args, backend="reference", **kw):
+        out = original(*args, backend=backend, **kw)
+        return out * 1.01 if backend == "triton" else out
+
+    monkeypatch.setattr(course_lib.attention, "attention", off_by_one_percent)
+    row = correctness.check_case(case, torch.device("cpu"))
+    assert row["status"] == "wrong" and row["errors"]["out"] > correctness.TOLERANCE["fp32"]
+
+
+def test_a_case_that_raises_is_an_error_with_its_message(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise ValueError("this GPU has 64 KiB of shared memory per block")
+
+    monkeypatch.setattr(cases, "make_inputs", refuse)
+    monkeypatch.setattr(correctness, "make_inputs", refuse)
+    case = correctness.CorrectnessCase("softmax", "fp16", False, 64)
+    row = correctness.check_case(case, torch.device("cpu"))
+    assert row["status"] == "error" and "64 KiB" in row["reason"]
+
+
+def test_16_bit_cases_pass_within_twice_the_frameworks_own_rounding(monkeypatch):
+    """fp16/bf16: a tensor above the fixed tolerance still agrees when PyTorch's reference in the
+    same dtype is off by at least half as much; above both it is wrong."""
+    monkeypatch.setattr(correctness, "make_inputs", lambda *a, **k: _Inputs())
+    exact = {"out": torch.ones(4), "dlog_forget": torch.ones(4)}
+
+    def run(kernel_error, framework_error):
+        def fake(case, inputs, backend, dtype, param_dtype):
+            if backend == "triton":
+                return {"out": exact["out"], "dlog_forget": exact["dlog_forget"] + kernel_error}
+            if dtype == torch.float64:
+                return dict(exact)
+            return {"out": exact["out"], "dlog_forget": exact["dlog_forget"] + framework_error}
+
+        monkeypatch.setattr(correctness, "_forward_backward", fake)
+        case = correctness.CorrectnessCase("softmax", "bf16", True, 64)
+        return correctness.check_case(case, torch.device("cpu"))
+
+    assert run(0.01, 0.0)["status"] == "ok"  # inside the fixed tolerance
+    assert run(0.03, 0.02)["status"] == "ok"  # 0.03 <= 2 x 0.02
+    row = run(0.05, 0.02)
+    assert row["status"] == "wrong" and row["framework_errors"]["dlog_forget"] == 0.02
+
+
+class _Inputs:
+    q = torch.zeros(1, dtype=torch.bfloat16)
+
+
+# -- speed ----------------------------------------------------------------------------------------
+
+def test_flex_moves_to_smaller_tiles_when_the_gpu_lacks_shared_memory():
+    tried = []
+
+    def call(q, k, v, options):
+        tried.append(options)
+        if options is None or "BLOCK_M" not in options:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource")
+        return q
+
+    run = speed.flex_with_smaller_tiles_on_demand(call)
+    assert run(1, 2, 3) == 1 and run(4, 5, 6) == 4
+    assert tried == list(speed.FLEX_OPTIONS) + [speed.FLEX_OPTIONS[-1]]  # kept once it compiled
+
+    def broken(q, k, v, options):
+        raise ValueError("a score_mod bug")
+
+    with pytest.raises(ValueError, match="score_mod bug"):
+        speed.flex_with_smaller_tiles_on_demand(broken)(1, 2, 3)
+
+
+
+def test_alternatives_come_from_the_records():
+    """Plain: SDPA; a transform: transform + SDPA; a distance bias: FlexAttention (its table
+    checked by shifting); stick-breaking and content or score biases: none, said why."""
+    chosen = {}
+    for name, encoding in attention_methods().items():
+        inputs = cases.make_inputs(encoding, batch=1, heads=2, seq=16, head_dim=16, dtype="fp32",
+                                   device="cpu")  # fmt: skip
+        label, fn = speed.alternative(encoding, inputs, causal=True)
+        chosen[name] = (label, fn)
+        if encoding is None:
+            assert label == "SDPA"
+        elif encoding.normaliser != "softmax":
+            assert isinstance(fn, str) and "stick-breaking" in fn
+        elif encoding.score_bias is None and encoding.score_bias_from_scores is None:
+            assert label.endswith("SDPA") and callable(fn)
+            if encoding.qk_transform is not None:  # the record's transform, then SDPA
+                expected = torch.nn.functional.scaled_dot_product_attention(
+                    *(encoding.qk_transform(x, inputs.positions[None], speed._full_params(
+                        encoding, inputs, True)).float() for x in (inputs.q, inputs.k)),
+                    inputs.v, is_causal=True)  # fmt: skip
+                torch.testing.assert_close(fn(inputs.q, inputs.k, inputs.v), expected)
+    assert chosen["softmax"][0] == "SDPA"
+    assert chosen["alibi"][0] == "FlexAttention" and callable(chosen["alibi"][1])
+    assert chosen["t5"][0] == "FlexAttention" and callable(chosen["t5"][1])
+    assert isinstance(chosen["fox"][1], str)  # its bias comes from content
+
+
+def test_a_distance_table_is_the_records_bias_and_a_position_bias_is_refused():
+    enc = attention_methods()["alibi"]
+    inputs = cases.make_inputs(enc, batch=1, heads=4, seq=8, head_dim=16, dtype="fp32",
+                               device="cpu")  # fmt: skip
+    params = speed._full_params(enc, inputs, True)
+    table = speed.distance_table(enc, params, 4, 8, "cpu")
+    slopes = params["slopes"]
+    distance = torch.arange(15) - 7  # j - i
+    torch.testing.assert_close(table, -slopes[:, None] * distance.abs()[None].float())
+
+    class Absolute:  # a bias that reads the query's own position
+        uses_positions, position_dims = True, 1
+
+        @staticmethod
+        def score_bias(q_pos, k_pos, params):
+            return (q_pos[..., None] * 0.1 + 0 * k_pos[:, None, :]).unsqueeze(1)
+
+    assert "more than the distance" in speed.distance_table(Absolute, {}, 4, 8, "cpu")
+
+
+def test_speed_records_and_ratios_with_a_fake_timer():
+    device = FakeDevice((9, 0))
+    plan_cases = speed.speed_cases((32,), (16,), "fp32", tokens=64, hidden=32)
+    assert all((c.batch, c.heads) == (2, 2) for c in plan_cases)
+    records = speed.run_speed(device, plan_cases)
+    by = {(r["method"], r["contender"], r["pass_"]): r for r in records}
+    assert device.calls == sum(r["ms"] is not None for r in records)
+    assert by[("softmax", "SDPA", "fwd")]["ms"] == 1.0
+    for name in attention_methods():
+        kernel = by[(name, "kernel", "fwd+bwd")]
+        assert kernel["status"] == "ok" or kernel["status"].startswith("no kernel"), kernel
+    # ratios: SDPA's time / the record's; the alternative's / the kernel's
+    rows = [
+        dict(method="softmax", contender="SDPA", ms=2.0),
+        dict(method="softmax", contender="kernel", ms=1.0),
+        dict(method="alibi", contender="kernel", ms=4.0),
+        dict(method="alibi", contender="FlexAttention", ms=8.0),
+        dict(method="rse", contender="kernel", ms=5.0),
+        dict(method="rse", contender="-", ms=None),
+    ]
+    for r in rows:
+        r.update(head_dim=64, seq=1024, causal=True, dtype="bf16", pass_="fwd+bwd")
+    speed.add_ratios(rows)
+    assert [r["vs_sdpa"] for r in rows] == [1.0, 2.0, 0.5, 0.25, 0.4, None]
+    assert [r["vs_alternative"] for r in rows] == [None, 2.0, 2.0, None, None, None]
+
+
+# -- notebooks and training ---------------------------------------------------------------------
+
+
+def test_kernel_notebooks_are_found_not_listed(tmp_path):
+    root = notebooks.checkout_root()
+    found = notebooks.kernel_notebooks(root)
+    assert found and all(notebooks.MARK in p.read_text() for p in found)
+    assert "01b_flash_attention.ipynb" in {p.name for p in found}
+    (tmp_path / "notebooks").mkdir()
+
+    def write(name, source):
+        cell = {"cell_type": "code", "source": [source], "metadata": {}, "outputs": [],
+                "execution_count": None}  # fmt: skip
+        nb = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+        (tmp_path / "notebooks" / name).write_text(json.dumps(nb))
+
+    write("a.ipynb", "if timings_available():\n    pass")
+    write("b.ipynb", "print(1)")
+    assert [p.name for p in notebooks.kernel_notebooks(tmp_path)] == ["a.ipynb"]
+
+
+def test_notebooks_run_under_nbval_in_parallel_and_report_failures(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = "-p no:cacheprovider --nbval --nbval-current-env"\n'
+    )
+    (tmp_path / "notebooks").mkdir()
+
+    def write(name, printed):
+        cell = {"cell_type": "code", "source": ["print(1 + 1)"], "metadata": {},
+                "execution_count": 1,
+                "outputs": [{"name": "stdout", "output_type": "stream", "text": [printed]}]}  # fmt: skip
+        nb = {"cells": [cell], "metadata": {"kernelspec": {"name": "python3",
+              "display_name": "Python 3 (ipykernel)", "language": "python"}},
+              "nbformat": 4, "nbformat_minor": 5}  # fmt: skip
+        path = tmp_path / "notebooks" / name
+        path.write_text(json.dumps(nb))
+        return path
+
+    paths = [write("good.ipynb", "2\n"), write("bad.ipynb", "3\n")]
+    rows = notebooks.run_notebooks(paths, tmp_path, workers=2, timeout=300)
+    assert [(r["notebook"], r["status"]) for r in rows] == [
+        ("good.ipynb", "passed"),
+        ("bad.ipynb", "failed"),
+    ]
+    assert "bad.ipynb" in rows[1]["output_tail"]
+
+
+def test_training_rows_say_whether_a_run_trained():
+    def result(arm, losses, val):
+        return dict(arm=arm, curves={"train": {"loss": losses}},
+                    metrics={"final_val_loss": val, "tokens_per_second": 10.0})  # fmt: skip
+
+    rows = training.training_rows([
+        result("a", [5.0, 4.0], 4.1), result("b", [5.0, 5.5], 5.4), result("c", [5.0, math.nan], 4.0),
+    ])  # fmt: skip
+    assert [r["status"] for r in rows] == ["trained", "loss did not fall", "not finite"]
+
+
+def test_a_short_run_of_a_preset_trains():
+    from course_lib.compare.presets import PRESETS
+
+    preset = training.short_preset(PRESETS["tiny"], 5)
+    assert preset.train.steps == 5 and preset.seeds == (0,) and preset.probes == ()
+    assert preset.objectives == ("clm",) and preset.ablations == ()
+    rows = training.run_training(preset, encodings=("alibi",))
+    assert [(r["arm"], r["status"]) for r in rows] == [("alibi", "trained")], rows
+
+
+# -- the whole run and its report ----------------------------------------------------------------
+
+
+@needs_kernels
+def test_a_run_writes_one_report_and_one_figure_named_by_the_device(tmp_path, capsys):
+    device = FakeDevice((8, 6), times=[3.0, 6.0, 1.5, 3.0, 2.0, 4.0, 1.0, 2.0])
+    plan = cli.Plan(
+        correctness=[
+            correctness.CorrectnessCase("softmax", "fp32", True, 16, seq=21, batch=1, heads=2)
+        ],  # fmt: skip
+        speed=speed.speed_cases((32,), (16,), "fp32", tokens=64, hidden=32)[:2],
+    )
+    rep = cli.run_check(device, plan)
+    assert rep["summary"]["ok"], rep["summary"]
+    assert rep["meta"]["device"]["name"] == "Fake GPU 9000"
+    assert set(rep["meta"]["seconds"]) == {"correctness", "speed", "total"}
+    paths = report.write_report(rep, tmp_path, device.slug)
+    assert [p.name for p in paths] == ["fake_gpu_9000.json", "fake_gpu_9000.png"]
+    saved = json.loads(paths[0].read_text())
+    assert saved["correctness"][0]["status"] == "ok" and saved["speed"]
+    lines = report.format_summary(saved)
+    assert lines[-1] == "RESULT: OK" and any("vs SDPA" in line for line in lines)
+
+
+def test_verdicts_fail_on_a_wrong_kernel_a_failed_notebook_or_a_run_that_did_not_train():
+    base = {"meta": {"device": {"name": "X", "capability": "9.0"}, "seconds": {"total": 1200}}}
+    good_case = dict(label="rope bf16 causal D64 N200", method="rope", dtype="bf16", status="ok",
+                     worst=0.001, tolerance=0.02, errors={"out": 0.001})  # fmt: skip
+    bad_case = dict(good_case, label="t5 bf16 causal D64 N200", status="wrong", worst=0.5,
+                    errors={"out": 0.01, "dbias_table": 0.5})  # fmt: skip
+    error_case = dict(good_case, status="error", reason="OutOfResources: shared memory")
+    rep = dict(base, correctness=[good_case, bad_case, error_case],
+               notebooks=[dict(notebook="03_rope.ipynb", status="failed")],
+               training=[dict(arm="rope", status="trained"), dict(arm="t5", status="not finite")])  # fmt: skip
+    s = report.summarise(rep)
+    assert not s["ok"] and s["over_budget"]
+    assert s["correctness"]["counts"] == {"ok": 1, "wrong": 1, "error": 1}
+    assert any("dbias_table" in f for f in s["correctness"]["failing"])
+    assert any("OutOfResources" in f for f in s["correctness"]["failing"])
+    assert s["notebooks"]["failing"] == ["03_rope.ipynb: failed"]
+    assert s["training"]["failing"] == ["t5: not finite"]
+    rep["summary"] = s
+    lines = report.format_summary(rep)
+    assert lines[-1] == "RESULT: FAIL" and "over the 15-minute plan" in lines[-2]
+    # timings never fail a run, and a method with no kernel is not a failure
+    ok = dict(base, correctness=[good_case, dict(good_case, status="no kernel", worst=None)],
+              speed=[dict(method="rse", contender="kernel", head_dim=64, seq=8192, pass_="fwd+bwd",
+                          causal=True, ms=None, peak_mib=None, status="OOM")])  # fmt: skip
+    assert report.summarise(ok)["ok"]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_with_the_distance_table_computes_the_methods_attention(monkeypatch):
+    """The FlexAttention alternative (eager here; compiled on a GPU) with the record's bias per
+    distance gives what ``attention(method=...)`` gives, causal and bidirectional."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from course_lib.attention import attention
+
+    monkeypatch.setattr(speed, "_FLEX", [(flex_attention, create_block_mask)])
+    timed = 0
+    for name, encoding in attention_methods().items():
+        for causal in (True, False):
+            if encoding is not None and encoding.causal_only and not causal:
+                continue
+            inputs = cases.make_inputs(encoding, batch=2, heads=2, seq=24, head_dim=16,
+                                       dtype="fp32", device="cpu")  # fmt: skip
+            label, fn = speed.alternative(encoding, inputs, causal)
+            if not label.endswith("FlexAttention") or isinstance(fn, str):
+                continue
+            timed += 1
+            with torch.no_grad():
+                want = attention(inputs.q, inputs.k, inputs.v, method=name, causal=causal,
+                                 position_ids=inputs.positions, **inputs.params)  # fmt: skip
+                got = fn(inputs.q, inputs.k, inputs.v)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=f"{name} {causal}")
+    assert timed >= 4  # ALiBi, T5 and ExpoSB's distance factor, at least

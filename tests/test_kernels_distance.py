@@ -1,0 +1,184 @@
+"""The kernels' per-distance path: a bias of ``p_i - p_j`` written in torch, read from a table.
+
+``course_lib.kernel_hooks.distance_score_bias`` tabulates an encoding's ``distance_bias`` on the
+diagonals ``i - j`` (positions that step by a constant ``s`` give ``p_i - p_j = s (i - j)``);
+both kernel families read the table per pair (``DIAGONAL_TABLE``) and return the sums of
+``dS`` along each diagonal, one slot per tile, which torch adds up (no atomics). Checked here:
+the hook against a direct float64 formula for any table (outputs, dq, dk, dv and the table's
+gradient), both families, causal and bidirectional, padded, ragged, shared or per-sequence
+tables; deterministic; through ``attention()`` for T5 and ALiBi's distance biases; and the
+clear error for positions that do not step by a constant.
+"""
+
+import math
+
+import pytest
+import torch
+
+from course_lib.attention import attention
+from course_lib.kernel_hooks import ScoreBias, distance_score_bias, position_steps
+from course_lib.runtime import kernel_device, kernels_available
+from course_lib.stick_ops import stick_breaking_attention
+
+pytestmark = pytest.mark.skipif(not kernels_available(), reason="Triton is not installed")
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _fused(family):
+    from course_lib.flash_ops import flash_attention
+
+    return flash_attention if family == "flash" else stick_breaking_attention
+
+
+def _direct(q, k, v, table, causal, mask, family):
+    """Softmax or stick-breaking attention with ``b_ij = table[b, h, i - j + seq - 1]``, float64."""
+    from course_lib.normalisers import stick_breaking_weights
+
+    seq = q.shape[2]
+    index = torch.arange(seq)[:, None] - torch.arange(seq)[None, :] + seq - 1  # [seq, seq]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + table[:, :, index]
+    keys = mask[:, None, None, :]
+    if family == "flash":
+        allowed = keys & torch.ones(seq, seq, dtype=torch.bool).tril() if causal else keys
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+        return weights.nan_to_num(0.0) @ v
+    weights = stick_breaking_weights(scores, causal=causal, include_self=False, mask=keys)
+    return weights @ v + (1.0 - weights.sum(-1, keepdim=True)) * v
+
+
+@pytest.mark.parametrize("family", ["flash", "stick_breaking"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shared", [True, False])
+def test_diagonal_table_matches_the_formula(family, causal, shared):
+    """Any table (random values on every diagonal), several tiles and a ragged end, padded keys:
+    output and the gradients of q, k, v and the table, against float64 autograd."""
+    from course_lib.kernels.score_bias import DIAGONAL_TABLE
+
+    device = kernel_device()
+    batch, heads, seq, dim = 2, 3, 83, 16
+    q, k, v, up = torch.randn(4, batch, heads, seq, dim, generator=gen(1)).unbind(0)
+    table = torch.randn(1 if shared else batch, heads, 2 * seq - 1, generator=gen(2))
+    mask = torch.ones(batch, seq, dtype=torch.bool)
+    mask[1, -11:] = False
+    leaves = [t.clone().to(device).requires_grad_() for t in (q, k, v, table)]
+    out = _fused(family)(
+        *leaves[:3], causal=causal, key_padding_mask=mask.to(device),
+        score_bias=ScoreBias(DIAGONAL_TABLE, per_diagonal=leaves[3]),
+    )  # fmt: skip
+    grads = torch.autograd.grad(out, leaves, up.to(device))
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v, table)]
+    ref = _direct(*ref_leaves, causal, mask, family)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, up.double())
+    torch.testing.assert_close(out.cpu().double(), ref, atol=1e-4, rtol=1e-4)
+    for name, g, r in zip(("dq", "dk", "dv", "dtable"), grads, ref_grads, strict=True):
+        assert g.shape == r.shape, name
+        torch.testing.assert_close(
+            g.cpu().double(), r, atol=2e-4, rtol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+@pytest.mark.parametrize("family", ["flash", "stick_breaking"])
+def test_diagonal_table_gradient_is_deterministic(family):
+    from course_lib.kernels.score_bias import DIAGONAL_TABLE
+
+    device = kernel_device()
+    q, k, v = torch.randn(3, 1, 2, 70, 16, generator=gen(3)).to(device).unbind(0)
+    table = torch.randn(1, 2, 139, generator=gen(4)).to(device)
+    runs = []
+    for _ in range(2):
+        leaf = table.clone().requires_grad_()
+        out = _fused(family)(
+            q, k, v, causal=False, score_bias=ScoreBias(DIAGONAL_TABLE, per_diagonal=leaf)
+        )
+        runs.append(torch.autograd.grad(out.sum(), leaf)[0])
+    assert torch.equal(*runs)
+
+
+def test_position_steps():
+    assert position_steps(torch.tensor([[5, 7, 9, 11]])).tolist() == [[2]]
+    assert position_steps(torch.tensor([[3, 4, 5], [10**9, 10**9 + 1, 10**9 + 2]])).tolist() == [
+        [1],
+        [1],
+    ]
+    assert position_steps(torch.tensor([[0, 1, 3]])) is None  # a gap
+    assert position_steps(torch.tensor([[4]])).tolist() == [[0]]
+
+
+@pytest.mark.parametrize("family", ["flash", "stick_breaking"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_t5_and_alibi_by_distance_equal_the_reference(family, causal):
+    """T5's and ALiBi's ``distance_bias`` through the per-distance path (positions stepping by
+    3 from 40, different per sequence for ALiBi) against their references, the parameters'
+    gradients included (T5's table through torch's indexing, ALiBi's slopes)."""
+    from course_lib.encodings.alibi import alibi_distance_bias
+    from course_lib.encodings.t5 import t5_distance_bias
+
+    device = kernel_device()
+    batch, heads, seq, dim = 2, 3, 45, 16
+    q, k, v, up = torch.randn(4, batch, heads, seq, dim, generator=gen(5)).to(device).unbind(0)
+    cases = {
+        "t5": (t5_distance_bias, torch.arange(seq) * 3 + 40, {
+            "bias_table": torch.randn(heads, 32, generator=gen(6)), "bidirectional": not causal,
+            "max_distance": 40,
+        }),
+        "alibi": (alibi_distance_bias, torch.stack((torch.arange(seq), torch.arange(seq) + 9)), {
+            "slopes": torch.rand(heads, generator=gen(7)),
+        }),
+    }  # fmt: skip
+    normaliser = None if family == "flash" else "stick_breaking"
+    for method, (fn, positions, params) in cases.items():
+        positions = positions.to(device)
+        tensors = {key: t.to(device) for key, t in params.items() if torch.is_tensor(t)}
+        results = []
+        for path in ("table", "reference"):
+            leaves = {key: t.clone().requires_grad_() for key, t in tensors.items()}
+            qkv = [t.clone().requires_grad_() for t in (q, k, v)]
+            if path == "table":
+                rows = positions if positions.dim() == 2 else positions[None]
+                bias = distance_score_bias(fn, rows, {**params, **leaves}, heads)
+                out = _fused(family)(*qkv, causal=causal, position_ids=positions, score_bias=bias)
+            else:
+                out = attention(
+                    *qkv, method=method, causal=causal, position_ids=positions,
+                    normaliser=normaliser, **{**params, **leaves},
+                )  # fmt: skip
+            results.append([out, *torch.autograd.grad(out, [*qkv, *leaves.values()], up)])
+        for got, want in zip(*results, strict=True):
+            torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-3)
+
+
+def test_positions_with_a_gap_are_refused_clearly_or_take_the_specialised_hook():
+    """Without a constant step the per-distance table does not exist: an encoding with only a
+    distance bias is refused with a clear error; T5 takes its bucket hook instead."""
+    from course_lib.encodings.t5 import t5_distance_bias
+    from course_lib.layers import PositionalSelfAttention
+    from course_lib.registry import Encoding, register, unregister
+
+    class Gapless(PositionalSelfAttention):
+        encoding = "distance_only_probe"
+
+    register(
+        Encoding(
+            name="distance_only_probe", chapter="99_probe", summary="a test", module=Gapless,
+            color="#000000", distance_bias=t5_distance_bias,
+            params={"bias_table": None, "bidirectional": True, "max_distance": 20},
+        )
+    )  # fmt: skip
+    device = kernel_device()
+    q = torch.randn(1, 2, 6, 16, device=device)
+    gap = torch.tensor([0, 1, 2, 5, 6, 7], device=device)
+    table = torch.randn(2, 32, device=device)
+    try:
+        with pytest.raises(ValueError, match="step by a constant"):
+            attention(
+                q, q, q, method="distance_only_probe", position_ids=gap, bias_table=table,
+                backend="triton",
+            )  # fmt: skip
+    finally:
+        unregister("distance_only_probe")
+    out = attention(q, q, q, method="t5", position_ids=gap, bias_table=table, backend="triton")
+    ref = attention(q, q, q, method="t5", position_ids=gap, bias_table=table)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
