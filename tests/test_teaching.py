@@ -218,17 +218,12 @@ def test_the_core_never_imports_the_teaching_package():
 # -- verdicts over seeds --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("probability", "df", "table"),
-    [(0.975, 1, 12.706205), (0.975, 4, 2.776445), (0.995, 2, 9.924843), (0.999, 9, 4.296806),
-     (0.95, 30, 1.697261), (0.6, 3, 0.2766707)],
-)  # fmt: skip
-def test_student_t_quantiles_match_the_tables(probability, df, table):
-    from course_lib.teaching.seed_verdicts import student_t_cdf, student_t_quantile
+@pytest.mark.parametrize(("level", "n", "table"), [(0.95, 5, 2.776445), (0.99, 3, 9.924843)])
+def test_paired_intervals_use_the_t_quantiles_of_the_tables(level, n, table):
+    from course_lib.teaching.seed_verdicts import PairedDifference
 
-    assert student_t_quantile(probability, df) == pytest.approx(table, rel=1e-6)
-    assert student_t_quantile(1 - probability, df) == pytest.approx(-table, rel=1e-6)
-    assert student_t_cdf(table, df) == pytest.approx(probability, abs=1e-6)
+    diff = PairedDifference(tuple(float(i) for i in range(n)), level)
+    assert diff.half_width == pytest.approx(table * diff.sd / n**0.5, rel=1e-6)
 
 
 def test_seed_claims_correct_for_the_family_and_decide_by_the_interval(capsys):

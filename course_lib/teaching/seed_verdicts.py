@@ -19,8 +19,8 @@ data. Verdicts:
   margin);
 * ``"within noise"``: the interval contains 0 (no difference shown; not a proof of equality).
 
-The t quantile is computed here (regularised incomplete beta, bisection) so the course needs no
-statistics package.
+The t quantile comes from :mod:`course_lib.student_t` (the project's one implementation, no
+statistics package).
 """
 
 from __future__ import annotations
@@ -30,73 +30,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["VERDICTS", "student_t_cdf", "student_t_quantile", "PairedDifference", "SeedClaims"]
+from course_lib.student_t import t_quantile
+
+__all__ = ["VERDICTS", "PairedDifference", "SeedClaims"]
 
 VERDICTS = ("higher", "lower", "within", "within noise")
-
-
-def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularised incomplete beta (modified Lentz method)."""
-    tiny, eps = 1e-300, 1e-15
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    result = d
-    for m in range(1, 500):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            result *= c * d
-        if abs(c * d - 1.0) < eps:
-            break
-    return result
-
-
-def _regularised_incomplete_beta(a: float, b: float, x: float) -> float:
-    """``I_x(a, b)``, for ``0 <= x <= 1`` and ``a, b > 0``."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (
-        a * math.log(x)
-        + b * math.log1p(-x)
-        - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b))
-    )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _incomplete_beta_fraction(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _incomplete_beta_fraction(b, a, 1.0 - x) / b
-
-
-def student_t_cdf(t: float, df: int) -> float:
-    """``P(T <= t)`` for Student's t with ``df`` degrees of freedom:
-    ``1 - I_{df / (df + t^2)}(df / 2, 1 / 2) / 2`` for ``t >= 0`` (symmetric below 0)."""
-    if not isinstance(df, int) or df < 1:
-        raise ValueError(f"degrees of freedom must be an integer >= 1, got {df!r}")
-    tail = 0.5 * _regularised_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def student_t_quantile(probability: float, df: int) -> float:
-    """The ``t`` with ``student_t_cdf(t, df) == probability`` (bisection to 1e-12)."""
-    if not 0.0 < probability < 1.0:
-        raise ValueError(f"probability must be in (0, 1), got {probability!r}")
-    if probability < 0.5:
-        return -student_t_quantile(1.0 - probability, df)
-    low, high = 0.0, 1.0
-    while student_t_cdf(high, df) < probability:
-        high *= 2.0
-    while high - low > 1e-12 * max(1.0, high):
-        middle = 0.5 * (low + high)
-        if student_t_cdf(middle, df) < probability:
-            low = middle
-        else:
-            high = middle
-    return 0.5 * (low + high)
 
 
 @dataclass(frozen=True)
@@ -121,7 +59,7 @@ class PairedDifference:
     @property
     def half_width(self) -> float:
         """``t_{(1 + level) / 2, n - 1} sd / sqrt(n)``."""
-        quantile = student_t_quantile(0.5 + self.level / 2.0, self.n - 1)
+        quantile = t_quantile(0.5 + self.level / 2.0, self.n - 1)
         return quantile * self.sd / math.sqrt(self.n)
 
     @property
