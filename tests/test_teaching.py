@@ -158,12 +158,14 @@ def test_show_source_prints_a_kernel_function_and_an_excerpt(capsys):
         show_source("flash", "_flash_fwd_kernel", start="x")
 
 
-def test_show_source_does_not_import_triton():
+def test_show_source_reads_the_file_without_importing_the_kernel_module():
+    # (course_lib itself may import Triton for the kernels' shared helpers; the listing must not
+    # need the module it shows, so it works where that module cannot be imported)
     code = (
         "import sys\n"
         "from course_lib.teaching.source_view import show_source\n"
         "show_source('flash', '_flash_fwd_kernel')\n"
-        "assert 'triton' not in sys.modules, 'triton was imported'\n"
+        "assert 'course_lib.kernels.flash' not in sys.modules, 'the kernel module was imported'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
