@@ -23,9 +23,10 @@ dilute the shapes' patches when the image grows) and a linear classifier. Positi
 (row, column) of every patch for 2-D encodings, the flattened index ``row * width + col`` for
 1-D ones (so ``"rope"`` here is RoPE on the flattened patch index), none for ``"none"``.
 
-``python -m course_lib.vision --out figures/09_vit/results.json`` trains every variant with a few
+``python -m course_lib.vision --out figures/09_vit/results.json`` trains every variant with five
 seeds and writes the results the notebook reads (seeded, so a rerun on one machine gives the
-same numbers).
+same numbers; ``--variants``/``--seeds`` pick some and ``--merge`` joins the results of such
+partial runs).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ __all__ = [
     "accuracy",
     "fit_to_grid",
     "run_experiment",
+    "merge_results",
 ]
 
 PATCH = 4  # pixels per patch side
@@ -72,14 +74,19 @@ MARGIN = float(PATCH)  # | |dx| - |dy| | >= one patch: no ambiguous scene
 MIN_DISTANCE = 8.0  # centres at least 8 pixels apart: the shapes never overlap
 
 # The variants the chapter compares: display name -> registered encoding. "rope" (1-D) reads the
-# flattened patch index; the 2-D encodings read (row, column).
+# flattened patch index; the 2-D encodings read (row, column). "comrope (course form)" is the
+# course's shared-eigenbasis parametrisation of commuting generators; ComRoPE-AP and -LD are the
+# paper's two solutions.
 VARIANTS: dict[str, str] = {
     "none": "none",
     "learned_2d": "learned_2d",
     "rope (flattened)": "rope",
     "rope_2d": "rope_2d",
+    "rope_mixed": "rope_mixed",
     "liere": "liere",
-    "comrope": "comrope",
+    "comrope_ap": "comrope_ap",
+    "comrope_ld": "comrope_ld",
+    "comrope (course form)": "comrope",
 }
 
 
@@ -352,7 +359,7 @@ def accuracy(
 
 def run_experiment(
     variants: dict[str, str] | None = None,
-    seeds: tuple[int, ...] = (0, 1, 2),
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4),
     config: TrainConfig = TrainConfig(),
     test_grids: tuple[int, ...] = (12, 16),
     test_size: int = 500,
@@ -402,19 +409,57 @@ def run_experiment(
     return results
 
 
+def merge_results(parts: list[dict]) -> dict:
+    """One results dict from several of :func:`run_experiment` with the same configuration
+    (each run is seeded on its own, so splitting the runs over processes, by seed or by variant,
+    gives the numbers of one process). Every (variant, seed) must come from one part only.
+    Variants keep the order of :data:`VARIANTS`, runs the order of their seeds."""
+    if not parts:
+        raise ValueError("nothing to merge: give at least one results dict")
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("config", "test_grids", "test_size"):
+            if part[key] != first[key]:
+                raise ValueError(f"cannot merge results with different {key}: {part[key]!r}")
+    variants: dict = {}
+    for label in [*VARIANTS, *(v for part in parts for v in part["variants"])]:
+        if label in variants:
+            continue
+        entries = [part["variants"][label] for part in parts if label in part["variants"]]
+        if not entries:
+            continue
+        runs = sorted((run for e in entries for run in e["runs"]), key=lambda r: r["seed"])
+        seeds = [run["seed"] for run in runs]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"variant {label!r} has seeds {seeds} in several parts; each once")
+        variants[label] = {"encoding": entries[0]["encoding"], "runs": runs}
+    seeds = sorted({run["seed"] for entry in variants.values() for run in entry["runs"]})
+    return {**first, "seeds": seeds, "variants": variants}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="figures/09_vit/results.json")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)
     parser.add_argument("--test-size", type=int, default=500)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, metavar="RESULTS",
+        help="merge results files of runs with disjoint seeds into --out instead of training",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.merge:
+        merged = merge_results([json.loads(p.read_text()) for p in args.merge])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"wrote {out} (seeds {merged['seeds']})")
+        return
     torch.set_num_threads(1)
     config = TrainConfig(steps=args.steps)
     variants = {v: VARIANTS[v] for v in args.variants}
     results = run_experiment(variants, tuple(args.seeds), config, test_size=args.test_size)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")

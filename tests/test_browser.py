@@ -580,6 +580,8 @@ notebook_params = pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem fo
 
 @notebook_params
 def test_opening_leaves_the_notebook_unmodified(notebook, browser, lab, artifacts):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     log: list[str] = []
     context, page = open_notebook(browser, lab, notebook, log)
     try:
@@ -597,9 +599,15 @@ def test_opening_leaves_the_notebook_unmodified(notebook, browser, lab, artifact
             above = [c for c in cells[: explorer["index"]] if c["cell_type"] == "code"]
             figures = 0
             if above:
-                figures = page.locator(
-                    f'[data-course-cell="{above[-1]["index"]}"] .jp-OutputArea img'
-                ).count()
+                holder = page.locator(f'[data-course-cell="{above[-1]["index"]}"]')
+                # a long notebook renders only the cells in view: bring the figure's cell there
+                holder.scroll_into_view_if_needed()
+                images = holder.locator(".jp-OutputArea img")
+                try:
+                    images.first.wait_for(state="attached", timeout=5000)
+                except PlaywrightTimeout:  # no image came: counted as none below
+                    pass
+                figures = images.count()
             if not figures:
                 problems.append(
                     f"explorer cell {explorer['index']} ({_first_line(explorer['source'])!r}): "

@@ -14,10 +14,12 @@
 
 import pytest
 import torch
+from test_bad_input import method_kwargs
 
 from course_lib.attention import attention
 from course_lib.encodings import REGISTRY
 from course_lib.kernel_hooks import kernel_positions
+from course_lib.registry import attention_methods
 from course_lib.runtime import kernel_device, kernels_available
 
 needs_kernels = pytest.mark.skipif(not kernels_available(), reason="Triton is not installed")
@@ -30,26 +32,24 @@ def gen(seed):
 
 
 def bias_params(method, heads, seq, seed=0):
-    """Learnable parameters of each score-bias method, as leaves."""
-    g = gen(seed)
-    if method == "alibi":
-        return {"slopes": torch.rand(heads, generator=g) * 0.5}
-    if method == "t5":
-        return {"bias_table": torch.randn(heads, 32, generator=g)}
-    if method == "rse":
-        return {
-            "distance_penalty": torch.rand(heads, generator=g) * 0.3,
-            "stick_bias": torch.randn(heads, generator=g),
-        }
-    if method == "kerple":
-        return {
-            "r1": torch.rand(heads, generator=g) + 0.5,
-            "r2": torch.rand(heads, generator=g) + 0.5,
-        }
-    return {}
+    """The method's learnable tensors (its own module's parameters, as ``method_kwargs`` draws
+    them), without the method name, positions or ``causal``."""
+    kwargs = method_kwargs(method, batch=2, heads=heads, seq=seq, seed=seed)
+    return {k: v for k, v in kwargs.items() if torch.is_tensor(v) and k != "position_ids"}
 
 
-BIAS_METHODS = [m for m in ("alibi", "t5", "rse", "exposb", "kerple") if m in REGISTRY]
+def _reads_positions_through_a_bias(encoding) -> bool:
+    """A score bias of the positions (not of the scores, not of per-token gates), on a kernel."""
+    return (
+        (encoding.score_bias is not None or encoding.distance_bias is not None)
+        and encoding.score_bias_from_scores is None
+        and not encoding.per_key_params
+        and not encoding.kernel_support
+        and encoding.position_dims == 1
+    )
+
+
+BIAS_METHODS = sorted(n for n, e in REGISTRY.items() if _reads_positions_through_a_bias(e))
 
 
 @needs_kernels
@@ -158,7 +158,7 @@ def test_an_infinite_key_gives_what_the_reference_gives(method, causal):
 
 @needs_kernels
 @pytest.mark.parametrize(
-    "method", ["softmax", "rope", "alibi", "stick_breaking", "rse", "t5", "cope", "fox"]
+    "method", [n for n, e in attention_methods().items() if e is None or not e.kernel_support]
 )
 def test_bf16_on_the_triton_backend_is_right(method):
     """bf16 inputs: the reference computes in float32; the Triton backend runs its bf16 kernels
@@ -167,20 +167,11 @@ def test_bf16_on_the_triton_backend_is_right(method):
     (before the fix the interpreter returned values near 1e9)."""
     device = kernel_device()
     q, k, v, up = torch.randn(4, 1, 2, 24, 16, generator=gen(8)).unbind(0)
-    params = {
-        "rse": {"distance_penalty": torch.tensor([0.1, 0.3])},
-        "t5": {"bias_table": torch.randn(2, 32, generator=gen(9))},
-        "cope": {"position_embeddings": torch.randn(8, 16, generator=gen(10)) * 0.3},
-        "fox": {"log_forget": -torch.rand(1, 2, 24, generator=gen(11))},
-    }.get(method, {})
-    causal = method in ("cope", "fox")
+    kwargs = method_kwargs(method, batch=1, heads=2, seq=24, device=device)
     results = []
     for backend in ("reference", "triton"):
         qkv = [t.to(device, torch.bfloat16).requires_grad_() for t in (q, k, v)]
-        out = attention(
-            *qkv, method=method, causal=causal, backend=backend,
-            **{key: t.to(device) for key, t in params.items()},
-        )  # fmt: skip
+        out = attention(*qkv, backend=backend, **kwargs)
         grads = torch.autograd.grad(out, qkv, up.to(device, torch.bfloat16))
         assert out.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in grads)
         results.append([out, *grads])

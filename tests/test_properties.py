@@ -113,7 +113,12 @@ def run_both(call):
 
 def assert_same_function(reference, triton, dtype, what: str) -> None:
     """Both raised the same kind of error with the same message, or both gave finite outputs
-    that agree within the dtype's tolerance."""
+    that agree within the dtype's tolerance, or the Triton backend refused an input its kernels
+    do not take (README's list: e.g. positions that do not step by a constant, for a bias read
+    by distance) with a ValueError that sends the caller to the reference backend."""
+    if isinstance(triton, ValueError) and not isinstance(reference, Exception):
+        assert "Use backend='reference'" in str(triton), f"{what}: {triton!r}"
+        return
     if isinstance(reference, Exception) or isinstance(triton, Exception):
         assert type(reference) is type(triton), f"{what}: {reference!r} vs {triton!r}"
         assert str(reference) == str(triton), what
@@ -215,13 +220,10 @@ def test_both_backends_compute_every_encodings_module_alike(name, data):
 @pytest.mark.skipif(KERNEL_MODE == "compiled", reason="bf16 is drawn with the other dtypes")
 @settings(SETTINGS)
 @given(data=st.data())
-def test_bf16_agrees_or_is_refused_in_the_interpreter(data):
-    """bf16 in the interpreter: the same function within 2e-2, or a clear refusal naming the
-    dtype on the Triton backend (never garbage)."""
+def test_bf16_agrees_in_the_interpreter(data):
+    """bf16 in the interpreter (which runs the float32 kernels and rounds to bf16): the same
+    function within 2e-2, never garbage."""
     method = data.draw(st.sampled_from(METHODS))
     d = data.draw(layouts(method, dtypes=(torch.bfloat16,)))
     reference, triton = run_both(attention_call(method, d))
-    if isinstance(triton, Exception) and not isinstance(reference, Exception):
-        assert "bfloat16" in str(triton), triton
-        return
     assert_same_function(reference, triton, torch.bfloat16, f"{method} {d}")

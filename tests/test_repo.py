@@ -48,3 +48,17 @@ def test_requirements_use_floors_not_pins():
     ]
     for line in filter(None, lines):
         assert "==" not in line, line
+
+
+def test_ci_runs_the_notebooks_again_with_the_portable_cpu_kernels():
+    """CONTRIBUTING, "Notebooks": verdicts must hold whatever CPU kernels PyTorch picks, so CI
+    runs every notebook under nbval a second time with ATEN_CPU_CAPABILITY=default (and avx512
+    where the CPU has it but PyTorch chose less)."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme_run = ci.index(".venv/bin/python -m pytest\n")
+    again = ci.index('ATEN_CPU_CAPABILITY="$setting" .venv/bin/python -m pytest notebooks/')
+    assert readme_run < again
+    assert 'settings="default"' in ci and 'settings="$settings avx512"' in ci
+    assert ci.index("unset ATEN_CPU_CAPABILITY") < readme_run
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    assert "ATEN_CPU_CAPABILITY" in contributing.split("## Notebooks", 1)[1].split("\n## ", 1)[0]

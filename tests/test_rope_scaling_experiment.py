@@ -127,3 +127,54 @@ def test_probe_setup_is_seeded():
     assert setup.make("eval").input_ids.shape == (4, 12)
     with pytest.raises(ValueError, match="split"):
         setup.make("test")
+
+
+def test_windowed_losses_read_each_token_with_the_window_up_to_it():
+    model = tiny("alibi")
+    inputs, targets = X.eval_chunks(torch.randint(0, 256, (3000,)), 40, count=3)
+    full = X.position_losses(model, inputs, targets)
+    torch.testing.assert_close(X.windowed_position_losses(model, inputs, targets, 40), full)
+    windowed = X.windowed_position_losses(model, inputs, targets, window=8, batch_size=7)
+    assert windowed.shape == (3, 40)
+    torch.testing.assert_close(windowed[:, :8], full[:, :8])  # the first window is the full pass
+    for p in (8, 21, 39):  # each later token: its own window of 8 tokens ending at it
+        alone = X.position_losses(model, inputs[:, p - 7 : p + 1], targets[:, p - 7 : p + 1])
+        torch.testing.assert_close(windowed[:, p], alone[:, -1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(windowed[:, 8:], full[:, 8:], atol=1e-4)  # a shorter context
+    with pytest.raises(ValueError, match="window must be"):
+        X.windowed_position_losses(model, inputs, targets, window=0)
+
+
+def test_merge_results_joins_disjoint_seeds_in_order():
+    common = {"train_len": 64, "lengths": [128], "buckets": [[0, 64]], "model_config": {},
+              "train_config": {}, "finetune": {}, "probe": {}, "eval_windows": 4,
+              "corpus_source": "x"}  # fmt: skip
+    a = {**common, "seeds": [2], "runs": [{"seed": 2}]}
+    b = {**common, "seeds": [0, 1], "runs": [{"seed": 0}, {"seed": 1}]}
+    merged = X.merge_results([a, b])
+    assert merged["seeds"] == [0, 1, 2] and [r["seed"] for r in X.seed_runs(merged)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="share seeds"):
+        X.merge_results([a, a])
+    with pytest.raises(ValueError, match="different 'lengths'"):
+        X.merge_results([a, {**b, "lengths": [256]}])
+
+
+def test_results_over_seeds_are_read_per_seed_and_averaged():
+    from course_lib.teaching.rope_scaling_figures import average_runs, seed_values
+
+    def run(seed, shift):
+        entry = {"model": "plain", "length": 128, "buckets": [1.0 + shift, None],
+                 "mean": 2.0 + shift, "per_position": [shift, 2 * shift], "retrieval": None}  # fmt: skip
+        return {"seed": seed, "base": {"rope": {"retrieval_64": shift}}, "zero_shot": [entry],
+                "finetuned": [], "windowed": []}  # fmt: skip
+
+    results = {"lengths": [128], "runs": [run(1, 0.5), run(0, 0.1)]}
+    assert seed_values(results, "zero_shot", "plain", 128) == [2.1, 2.5]  # seed order
+    assert seed_values(results, "base", "rope", 0, lambda b: b["retrieval_64"]) == [0.1, 0.5]
+    mean = average_runs(results)
+    (entry,) = mean["zero_shot"]
+    assert entry["buckets"] == [pytest.approx(1.3), None] and entry["retrieval"] is None
+    assert entry["per_position"] == [pytest.approx(0.3), pytest.approx(0.6)]
+    assert mean["base"]["rope"]["retrieval_64"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="no single zero_shot entry"):
+        seed_values(results, "zero_shot", "ntk", 128)

@@ -340,3 +340,115 @@ def test_without_positions_the_vit_cannot_tell_where_the_patches_are():
     perm = torch.randperm(64, generator=gen(28))
     shuffled = patches[:, perm].reshape(4, 8, 8, 2, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)
     torch.testing.assert_close(model(shuffled.reshape(images.shape)), model(images))
+
+
+# -- RoPE-Mixed, ComRoPE-AP and ComRoPE-LD ------------------------------------------------------
+
+
+def test_rope_mixed_turns_each_pair_by_a_learned_mix_of_both_axes():
+    from course_lib.encodings import apply_rope_mixed, rope_mixed_initial_frequencies
+
+    freqs = torch.randn(3, 2, 4, generator=gen(1), dtype=torch.float64)  # 3 heads, D = 8
+    x = torch.randn(2, 3, 12, 8, generator=gen(2), dtype=torch.float64)
+    coords = grid_coords(3, 4)
+    got = apply_rope_mixed(x, coords, freqs)
+    for h in range(3):  # by hand: pair t of head h turns by row f[h,0,t] + col f[h,1,t]
+        angles = coords.double() @ freqs[h]  # [seq, 4]
+        x1, x2 = x[:, h, :, 0::2], x[:, h, :, 1::2]
+        want = torch.stack((x1 * angles.cos() - x2 * angles.sin(),
+                            x1 * angles.sin() + x2 * angles.cos()), -1).flatten(-2)  # fmt: skip
+        torch.testing.assert_close(got[:, h], want)
+    # axial 2D RoPE is the special case with one zero frequency per pair
+    theta = rope_2d_angles(torch.tensor([[1, 0], [0, 1]]), 8).double()  # rows: theta per axis
+    axial = torch.stack((theta[0] * torch.tensor([1.0, 1, 0, 0]),
+                         theta[1] * torch.tensor([0.0, 0, 1, 1])))[None].expand(3, 2, 4)  # fmt: skip
+    torch.testing.assert_close(apply_rope_mixed(x, coords, axial), apply_rope_2d(x, coords))
+    init = rope_mixed_initial_frequencies(16, 4, generator=gen(3))
+    assert init.shape == (4, 2, 8)
+    magnitude = init.norm(dim=1)  # the ladder 10^(-t/4), twice, for every head
+    ladder = 10.0 ** (-torch.arange(4) / 4)
+    torch.testing.assert_close(magnitude, torch.cat((ladder, ladder)).expand(4, 8))
+    first, second = init[:, :, 0], init[:, :, 4]  # the two halves point 90 degrees apart
+    torch.testing.assert_close((first * second).sum(-1), torch.zeros(4), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="frequencies must have shape"):
+        apply_rope_mixed(x, coords, freqs[:, :, :2])
+
+
+def test_comrope_ap_gives_each_block_to_one_axis_and_ld_scales_one_matrix():
+    from course_lib.encodings import comrope_ap_generators, comrope_ld_generators
+
+    blocks = torch.randn(2, 4, 4, 4, generator=gen(4), dtype=torch.float64)  # heads, m, b, b
+    ap = comrope_ap_generators(blocks)  # [2, 4, 2, 4, 4]
+    assert ap.shape == (2, 4, 2, 4, 4)
+    skew = blocks - blocks.transpose(-1, -2)
+    for j in range(4):
+        torch.testing.assert_close(ap[:, j, j % 2], skew[:, j])
+        assert torch.equal(ap[:, j, 1 - j % 2], torch.zeros(2, 4, 4, dtype=torch.float64))
+    scales = torch.randn(2, 4, generator=gen(5), dtype=torch.float64)
+    ld = comrope_ld_generators(blocks, scales)
+    for i in range(2):
+        for j in range(4):
+            torch.testing.assert_close(ld[:, j, i], scales[i, j] * skew[:, j])
+    for gens in (ap, ld):  # the angle matrices of every block commute: relative
+        torch.testing.assert_close(commutator(gens[..., 0, :, :], gens[..., 1, :, :]),
+                                   torch.zeros(2, 4, 4, 4, dtype=torch.float64))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["comrope_ap", "comrope_ld", "rope_mixed"])
+def test_paper_forms_match_their_dense_rotation(name):
+    from course_lib.attention import get_attention_class
+
+    torch.manual_seed(0)
+    layer = get_attention_class(name)(32, 2).double()
+    params = layer.attention_params(None)
+    x = torch.randn(1, 2, 6, 16, generator=gen(6), dtype=torch.float64)
+    coords = torch.tensor([[0, 0], [1, 2], [3, 1], [2, 5], [7, 7], [4, 0]])
+    got = layer.spec.qk_transform(x, coords, {**layer.spec.params, **params})
+    if name == "rope_mixed":
+        gens = torch.stack([plane_generators(f) for f in params["frequencies"].unbind(-2)], 1)
+        dense = lie_rotation(coords, gens[:, None])  # [heads, seq, 16, 16]
+    else:
+        blockwise = layer.generators()  # [heads, m, 2, 4, 4], block j scaled by 100^(-j/4)
+        scale = 100.0 ** (-torch.arange(4, dtype=torch.float64) / 4)
+        full = torch.zeros(2, 2, 16, 16, dtype=torch.float64)
+        for j in range(4):
+            full[:, :, 4 * j : 4 * j + 4, 4 * j : 4 * j + 4] = scale[j] * blockwise[:, j]
+        dense = lie_rotation(coords, full[:, None])
+    torch.testing.assert_close(got[0], (dense @ x[0][..., None])[..., 0])
+
+
+def test_paper_forms_refuse_bad_blocks_with_the_allowed_sizes():
+    from course_lib.encodings import ComRoPEAPAttention, ComRoPELDAttention
+
+    for cls in (ComRoPEAPAttention, ComRoPELDAttention):
+        with pytest.raises(ValueError, match=r"valid: \[2, 4, 8\]"):
+            cls(32, 2, block_size=16)  # head_dim 16: one block, not one per axis
+    q = torch.randn(1, 2, 6, 16)
+    coords = grid_coords(2, 3)
+    with pytest.raises(ValueError, match="blocks must be one square"):
+        attention(q, q, q, method="comrope_ap", position_ids=coords, blocks=torch.zeros(2, 4, 4))
+    with pytest.raises(ValueError, match=r"scales must have shape \[axes, m\]"):
+        attention(q, q, q, method="comrope_ld", position_ids=coords,
+                  blocks=torch.zeros(2, 4, 4, 4), scales=torch.zeros(4))  # fmt: skip
+
+
+def test_explorer_shows_a_flat_line_as_flat():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_lib.teaching.two_d_figures import flat_line_limits, score_map, two_d_explorer
+
+    assert flat_line_limits([11.09591, 11.09592], 18.0) == pytest.approx((2.095915, 20.095915))
+    low, high = flat_line_limits([0.0, 30.0], 18.0)  # a spread larger than the scale shows whole
+    assert low < 0 and high > 30
+    fig = two_d_explorer("rope (flattened)", (2, 2), (3, 4))
+    fig.canvas.draw()
+    panel = fig.axes[1]
+    low, high = panel.get_ylim()
+    moved = panel.lines[0].get_ydata()
+    assert max(moved) - min(moved) < 1e-3  # relative: flat, up to float noise
+    assert high - low >= float(score_map("rope (flattened)", (2, 2)).abs().max())
+    assert panel.yaxis.get_offset_text().get_text() == ""
+    plt.close(fig)

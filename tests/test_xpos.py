@@ -71,8 +71,13 @@ def test_the_kernel_tables_give_keys_their_own_scale():
     # cos_q * cos_k + sin_q * sin_k = zeta^0 * (cos^2 + sin^2) = 1 at the same position
     product = tables.cos * tables.key_cos + tables.sin * tables.key_sin
     torch.testing.assert_close(product, torch.ones_like(product))
+    # the scales are taken from the middle of the positions (102 here), so position 100 has
+    # cos_q / cos_k = zeta^(2 (100 - 102) / 512), and the product over a pair is zeta^((n - m)/s)
     ratio = (tables.cos / tables.key_cos)[0, 0]
-    torch.testing.assert_close(ratio, zeta ** (2 * 100 / 512), rtol=1e-5, atol=0)
+    torch.testing.assert_close(ratio, zeta ** (2 * (100 - 102) / 512), rtol=1e-5, atol=0)
+    far = xpos_kernel_tables(positions + 10**6, 16, {"base": 10000.0, "style": "interleaved",
+                                                     "gamma": 0.4, "scale_base": 512.0})  # fmt: skip
+    assert float(far.key_cos.abs().max()) < 2.0  # a shift moves the angles, never the scales
 
 
 def test_bad_input_is_refused_clearly():

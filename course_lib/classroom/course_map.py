@@ -76,15 +76,16 @@ CHAPTERS = (
             "penalty"),
     Chapter("06_score_biases", "Score biases: ALiBi and T5", ("01", "03"),
             "a bias on the score is relative by construction; ALiBi's slopes; T5's buckets; "
-            "trained at 64, read at 512"),
+            "KERPLE's learned kernel of the distance; trained at 64, read at 512"),
     Chapter("07_rope_scaling", "Longer than trained: scaling RoPE", ("03", "05", "06"),
             "why RoPE breaks past its training length; PI, NTK-aware, dynamic NTK and YaRN; "
-            "a cache with dynamic scaling"),
+            "a cache with dynamic scaling; xPos, a decay built into RoPE"),
     Chapter("08_positions_from_content", "Positions from content: FoX and CoPE", ("03", "05"),
             "a forget gate on the scores; positions that count; three running sums over the "
             "keys between i and j"),
     Chapter("09_two_dimensions", "Positions in two dimensions", ("02", "03"),
-            "axial 2D RoPE and the 2-D shift test; LieRE and ComRoPE; a tiny ViT per encoding"),
+            "axial 2D RoPE and the 2-D shift test; RoPE-Mixed, LieRE and ComRoPE (AP, LD); a "
+            "tiny ViT per encoding"),
     Chapter("10_bert_comparison", "The BERT comparison", ("02", "03", "04", "05"),
             "every encoding on MLM and CLM over five seeds; paired t-tests with Holm's correction; probes"),
 )  # fmt: skip

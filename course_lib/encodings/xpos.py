@@ -113,14 +113,20 @@ def xpos_key_transform(x: torch.Tensor, positions: torch.Tensor, params: dict) -
 
 
 def xpos_kernel_tables(positions: torch.Tensor, head_dim: int, params: dict) -> QKTables:
-    """RoPE's cos/sin tables times ``zeta^(p/s)`` for the queries and ``zeta^(-p/s)`` for the keys
-    (the same angles; float32 ``[1|batch, seq, D/2]``)."""
+    """RoPE's cos/sin tables times ``zeta^((p - c)/s)`` for the queries and ``zeta^(-(p - c)/s)``
+    for the keys (the same angles; float32 ``[1|batch, seq, D/2]``). ``c`` is the middle of each
+    sequence's positions: queries and keys share them on the kernels (seq_q == seq_k), so the
+    score's factor ``zeta^((n - m)/s)`` is unchanged, while the scaled keys stay within fp16's
+    range (at ``p = 5000`` uncentred, ``zeta^(-p/s)`` reaches about 2e5 > 65504)."""
     angles = rope_angles(positions, head_dim, params["base"])
     cos, sin = angles.cos(), angles.sin()
+    positions = positions.to(torch.int64)
+    centre = (positions.amin(dim=-1, keepdim=True) + positions.amax(dim=-1, keepdim=True)) // 2
     scales = {
         side: xpos_scale(
-            positions, head_dim, side=side, gamma=params["gamma"], scale_base=params["scale_base"]
-        )
+            positions - centre, head_dim, side=side, gamma=params["gamma"],
+            scale_base=params["scale_base"],
+        )  # fmt: skip
         for side in ("query", "key")
     }
     return QKTables(

@@ -52,7 +52,9 @@ class Device:
     def measure(self, step: Callable[[], None], leaves: list[torch.Tensor]) -> tuple[float, int]:
         """``(median milliseconds, peak bytes allocated on top of what existed before)`` of
         ``step``; ``leaves`` have their gradients cleared between repetitions."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            "Device only describes a GPU; CudaDevice (or a test's fake device) times steps"
+        )
 
     def free(self) -> None:
         """Give cached memory back between sizes."""

@@ -8,9 +8,10 @@ before it, the target is the word ``k`` words back, fillers skipped; elsewhere t
 what its gates select (CoPE, gates on the words) can read it off.
 
 ``python -m course_lib.teaching.counting_task`` trains the same one-layer causal model with each
-encoding of :data:`ENCODINGS` (seeded, well under a minute on one CPU core), probes the CoPE model's
-gates and writes ``figures/08_counting/results.json``; notebook 08 reads it and re-trains the
-CoPE model live.
+encoding of :data:`ENCODINGS` for each of :data:`SEEDS` (seeded: the seed sets the model's
+initialisation and the training batches; a few seconds per model on one CPU core), probes every
+CoPE model's gates and writes ``figures/08_counting/results.json``; notebook 08 reads it and
+re-trains the CoPE model of seed 0 live.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -27,13 +28,16 @@ from course_lib.model import BertConfig, MiniBert
 
 __all__ = [
     "ENCODINGS",
+    "SEEDS",
     "CountingTaskConfig",
     "TrainedCountingModel",
     "accuracy",
     "counting_batch",
     "gate_probe",
     "layer_scores",
+    "target_index",
     "train_counting_model",
+    "run_experiment",
 ]
 
 IGNORE_INDEX = -100
@@ -46,6 +50,7 @@ ENCODINGS: tuple[tuple[str, str, int], ...] = (
     ("rope, 2 layers", "rope", 2),
 )
 RESULTS = Path("08_counting") / "results.json"
+SEEDS = (0, 1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -196,15 +201,33 @@ def layer_scores(model: MiniBert, ids: torch.Tensor, layer: int = 0):
     return q @ k.transpose(-1, -2) / attention.head_dim**0.5, q, weights
 
 
+def target_index(
+    ids: torch.Tensor, targets: torch.Tensor, config: CountingTaskConfig
+) -> torch.Tensor:
+    """The token index of each position's target word (the word ``k`` words back), -1 where
+    there is no target: long ``[batch, seq]`` (vectorised, as :func:`counting_batch` builds the
+    targets)."""
+    is_word = ids != config.filler
+    word_number = is_word.long().cumsum(1) - 1
+    index_of_word = torch.full_like(ids, -1)
+    rows, cols = is_word.nonzero(as_tuple=True)
+    index_of_word[rows, word_number[rows, cols]] = cols
+    source = index_of_word.gather(1, (word_number - config.k).clamp(min=0))
+    return torch.where(targets != IGNORE_INDEX, source, -1)
+
+
 @torch.no_grad()
 def gate_probe(model: MiniBert, config: CountingTaskConfig, seed: int = 7) -> dict:
-    """What the CoPE layer's gates count, on a held-out batch, per head.
+    """What the CoPE layer's gates count, on a held-out batch of 64 sequences, per head.
 
     ``gate_on_words`` / ``gate_on_fillers``: the mean gate ``sigmoid(s_ij)`` of queries that are
     words (``j <= i``) on word keys / on filler keys. ``count_vs_words`` / ``count_vs_tokens``:
     the correlation, over those pairs, of the count ``p_ij`` (before clamping) with the number of
     words in ``j..i`` and with the number of tokens ``i - j + 1``. ``attention_at_target``: the
-    mean attention weight on the word ``k`` back (the target).
+    mean attention weight on the word ``k`` back (the target). ``count_at_target``: the mean
+    count ``p_ij`` (clamped at ``npos - 1``, as the model uses it) of the target key, over every
+    query with a target; ``count_at_target_range``: the smallest and largest of its per-sequence
+    means.
     """
     generator = torch.Generator().manual_seed(seed)
     ids, targets = counting_batch(generator, 64, config.seq_len, config)
@@ -218,6 +241,8 @@ def gate_probe(model: MiniBert, config: CountingTaskConfig, seed: int = 7) -> di
     distance = torch.arange(seq)[:, None] - torch.arange(seq)[None, :] + 1
     tokens_between = distance.expand(ids.shape[0], seq, seq)
     pairs = is_word[:, :, None] & causal  # word queries, keys up to the query
+    source = target_index(ids, targets, config)  # [B, L]
+    has_target = source >= 0
     per_head = []
     for h in range(scores.shape[1]):
         p = counts[:, h][pairs].double()
@@ -225,51 +250,56 @@ def gate_probe(model: MiniBert, config: CountingTaskConfig, seed: int = 7) -> di
         def correlation(other, p=p):
             return float(torch.corrcoef(torch.stack((p, other[pairs].double())))[0, 1])
 
+        at = source.clamp(min=0)[..., None]  # [B, L, 1]
+        target_count = counts[:, h].gather(-1, at)[..., 0].clamp(max=config.npos - 1)  # [B, L]
+        target_weight = weights[:, h].gather(-1, at)[..., 0]
+        per_sequence = (target_count * has_target).sum(1) / has_target.sum(1).clamp(min=1)
         per_head.append(
             {
                 "gate_on_words": float(gates[:, h][pairs & is_word[:, None, :]].mean()),
                 "gate_on_fillers": float(gates[:, h][pairs & ~is_word[:, None, :]].mean()),
                 "count_vs_words": correlation(words_between),
                 "count_vs_tokens": correlation(tokens_between),
-                "attention_at_target": _attention_at_target(weights[:, h], ids, targets, config),
+                "attention_at_target": float(target_weight[has_target].mean()),
+                "count_at_target": float(target_count[has_target].mean()),
+                "count_at_target_range": [
+                    float(per_sequence[has_target.any(1)].min()),
+                    float(per_sequence[has_target.any(1)].max()),
+                ],
             }
         )
     return {"heads": per_head}
 
 
-def _attention_at_target(weights, ids, targets, config) -> float:
-    """Mean weight a word query puts on the token holding its target (the word k back)."""
-    is_word = ids != config.filler
-    word_number = is_word.long().cumsum(1) - 1
-    total, count = 0.0, 0
-    for b in range(ids.shape[0]):
-        word_at = is_word[b].nonzero().flatten()
-        for t in (targets[b] != IGNORE_INDEX).nonzero().flatten().tolist():
-            source = int(word_at[word_number[b, t] - config.k])
-            total += float(weights[b, t, source])
-            count += 1
-    return total / max(count, 1)
-
-
-def run_experiment(config: CountingTaskConfig) -> dict:
-    """Train every run of :data:`ENCODINGS`; accuracies, times, and the CoPE gate probe."""
-    runs = {}
-    probe = None
-    for name, encoding, layers in ENCODINGS:
-        trained = train_counting_model(encoding, config, layers=layers, name=name)
-        runs[name] = {
-            "encoding": encoding,
-            "layers": layers,
-            "accuracy": round(accuracy(trained.model, config), 4),
-            "accuracy_2x_length": round(accuracy(trained.model, config, 2 * config.seq_len), 4),
-            "final_loss": round(sum(trained.losses[-20:]) / 20, 4),
-            "seconds": round(trained.seconds, 1),
-            "parameters": sum(p.numel() for p in trained.model.parameters()),
-        }
-        print(f"{name:15s} accuracy {runs[name]['accuracy']:.3f} ({trained.seconds:.0f} s)")
-        if encoding == "cope":
-            probe = gate_probe(trained.model, config)
-    return {"config": asdict(config), "runs": runs, "cope_probe": probe}
+def run_experiment(config: CountingTaskConfig, seeds: tuple[int, ...] = SEEDS) -> dict:
+    """Train every run of :data:`ENCODINGS` with every seed (``config.seed`` replaced by it);
+    accuracies, times, and the gate probe of every CoPE model."""
+    runs: dict[str, dict] = {}
+    probes = {}
+    for seed in seeds:
+        seeded = replace(config, seed=seed)
+        for name, encoding, layers in ENCODINGS:
+            trained = train_counting_model(encoding, seeded, layers=layers, name=name)
+            entry = runs.setdefault(
+                name,
+                {"encoding": encoding, "layers": layers,
+                 "parameters": sum(p.numel() for p in trained.model.parameters()), "seeds": []},
+            )  # fmt: skip
+            entry["seeds"].append(
+                {
+                    "seed": seed,
+                    "accuracy": round(accuracy(trained.model, seeded), 4),
+                    "accuracy_2x_length": round(
+                        accuracy(trained.model, seeded, 2 * seeded.seq_len), 4
+                    ),
+                    "final_loss": round(sum(trained.losses[-20:]) / 20, 4),
+                    "seconds": round(trained.seconds, 1),
+                }
+            )
+            print(f"seed {seed} {name:15s} accuracy {entry['seeds'][-1]['accuracy']:.3f}")
+            if encoding == "cope":
+                probes[str(seed)] = gate_probe(trained.model, seeded)
+    return {"config": asdict(config), "seeds": list(seeds), "runs": runs, "cope_probe": probes}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -277,9 +307,10 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "figures" / RESULTS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    results = run_experiment(CountingTaskConfig())
+    results = run_experiment(CountingTaskConfig(), tuple(args.seeds))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")

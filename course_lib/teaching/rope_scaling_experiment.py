@@ -1,12 +1,15 @@
 """Notebook 07's experiment: RoPE trained at 64 tokens, read at 128, 256 and 512.
 
     python -m course_lib.teaching.rope_scaling_experiment [--out figures/07_rope_scaling]
+        [--seeds 0 1 2 3 4]
 
-What it does, seeded from start to end (one torch thread, a few minutes on a CPU):
+What it does for each seed, seeded from start to end (one torch thread, about ten minutes per
+seed on an idle CPU core):
 
 1. **Pretraining.** Three causal models with the recipe of the comparison's ``cpu`` preset
    (:data:`course_lib.compare.PRESETS`: hidden 64, 2 layers, 4 heads of 16, 300 steps of batch 16
-   at length ``L = 64``): RoPE, ALiBi and stick-breaking (``rse``). Same seed, same data order.
+   at length ``L = 64``): RoPE, ALiBi and stick-breaking (``rse``). The seed sets the models'
+   initialisation and the data order (the comparison's seeding), the same for the three.
 2. **Zero-shot.** Each model reads held-out windows of ``n`` tokens, ``n`` in 128, 256, 512.
    The RoPE model reads them plain and with each scaling of
    :func:`course_lib.encodings.rope_frequencies` at ``s = n / L`` (position interpolation,
@@ -21,15 +24,22 @@ What it does, seeded from start to end (one torch thread, a few minutes on a CPU
    byte) over the windows, by the position that predicts. Every length reads the first ``n``
    tokens of the same held-out chunks of 512 tokens, so a bucket covers the same text at every
    length.
-5. **Retrieval at far positions.** The positional-retrieval probe of the comparison
+5. **The same tokens with a short context.** Buckets at different positions hold different
+   text, so a bucket that is lower further out may only hold easier text. Each pretrained model
+   also reads every token of the chunks with only the ``L = 64`` tokens up to it (a sliding
+   window: the context length of training), ``windowed`` below. Full context minus windowed, on
+   the same tokens, is what the context beyond ``L`` is worth to a model.
+6. **Retrieval at far positions.** The positional-retrieval probe of the comparison
    (:func:`course_lib.data.retrieval_probe`: 8 symbols, ``@p?``, the answer; 12 tokens) is
    learned by a seeded fine-tune of a copy of each pretrained model (the comparison's ``cpu``
    budget), then scored with its tokens at positions ``n - 12 .. n - 1``, as if it ended a
    window of ``n`` tokens, with each scaling for ``n``. After the length fine-tune at 512, the
    same probe fine-tune is repeated (scaling on) and scored at 512.
 
-Results go to ``<out>/results.json``; the pretrained RoPE model's weights to
-``<out>/rope_base.pt`` (about 0.5 MB), so notebook 07 can re-run pieces live.
+Results go to ``<out>/results.json`` (one entry per seed in ``runs``); the pretrained RoPE
+model of the first seed to ``<out>/rope_base.pt`` (about 0.5 MB), so notebook 07 can re-run
+pieces live. Each seed is independent of the others, so ``--seeds`` may split them over
+processes and ``--merge`` joins their results files.
 """
 
 from __future__ import annotations
@@ -67,13 +77,17 @@ __all__ = [
     "set_scaling",
     "bucket_means",
     "position_losses",
+    "windowed_position_losses",
     "dynamic_position_losses",
     "eval_chunks",
     "retrieval_accuracy",
     "finetune_probe",
     "pretrain",
     "finetune_length",
+    "run_seed",
     "run_experiment",
+    "merge_results",
+    "seed_runs",
     "main",
 ]
 
@@ -89,6 +103,7 @@ FINETUNED_SCALINGS = ("plain", "linear", "ntk", "yarn")
 ENCODINGS = ("rope", "alibi", "rse")
 FINETUNE_STEPS = 50
 EVAL_CHUNKS = 48
+SEEDS = (0, 1, 2, 3, 4)
 FINETUNE_TOKENS_PER_STEP = 2048
 FINETUNE_LR = 1e-3
 DEFAULT_OUT = REPO_ROOT / "figures" / "07_rope_scaling"
@@ -188,6 +203,38 @@ def position_losses(
 
 
 @torch.no_grad()
+def windowed_position_losses(
+    model: MiniBert,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    window: int = TRAIN_LEN,
+    batch_size: int = 256,
+) -> torch.Tensor:
+    """Next-token cross-entropy ``[W, n]`` of a causal model when every token is read with at
+    most ``window`` tokens of context: the token at position ``p`` and the ``window - 1`` tokens
+    before it (all of them when ``p < window``). Positions ``< window`` come from one pass over
+    the first ``window`` tokens; each later position from its own window ``p - window + 1 .. p``
+    (its last logits). The same tokens as :func:`position_losses`, a shorter context."""
+    n = inputs.shape[1]
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    head = position_losses(model, inputs[:, :window], targets[:, :window])  # [W, min(n, window)]
+    if n <= window:
+        return head
+    windows = inputs.unfold(1, window, 1)[:, 1:]  # [W, n - window, window]: ends at window..n-1
+    flat = windows.reshape(-1, window)
+    was_training = model.training
+    model.eval()
+    last = []
+    for start in range(0, flat.shape[0], batch_size):
+        last.append(model(flat[start : start + batch_size]).logits[:, -1].float())
+    model.train(was_training)
+    logits = torch.cat(last).view(inputs.shape[0], n - window, -1)
+    tail = F.cross_entropy(logits.transpose(1, 2), targets[:, window:], reduction="none")
+    return torch.cat((head, tail), dim=1)
+
+
+@torch.no_grad()
 def dynamic_position_losses(
     model: MiniBert, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
@@ -283,11 +330,14 @@ def finetune_probe(model: MiniBert, probe: ProbeBatch, setup: ProbeSetup) -> Min
 # ---------------------------------------------------------------------------------------------
 
 
-def pretrain(encoding: str, train: torch.Tensor, val: torch.Tensor) -> tuple[MiniBert, dict]:
+def pretrain(
+    encoding: str, train: torch.Tensor, val: torch.Tensor, seed: int = 0
+) -> tuple[MiniBert, dict]:
     """The comparison's ``cpu`` recipe for a causal model of ``encoding`` (seeded as the
-    comparison seeds it), and its validation loss at ``TRAIN_LEN`` on 128 windows."""
+    comparison seeds it: ``seed`` sets the initialisation and the data order), and its
+    validation loss at ``TRAIN_LEN`` on 128 windows."""
     preset = PRESETS["cpu"]
-    config = preset.train_config("clm")
+    config = preset.train_config("clm", seed=seed)
     torch.manual_seed(config.seed)
     model = MiniBert(preset.model_config(encoding, "clm"))
     started = time.perf_counter()
@@ -299,11 +349,17 @@ def pretrain(encoding: str, train: torch.Tensor, val: torch.Tensor) -> tuple[Min
 
 
 def finetune_length(
-    model: MiniBert, scaling: dict | None, length: int, train: torch.Tensor, val: torch.Tensor
+    model: MiniBert,
+    scaling: dict | None,
+    length: int,
+    train: torch.Tensor,
+    val: torch.Tensor,
+    seed: int = 0,
 ) -> MiniBert:
     """A copy of ``model`` trained ``FINETUNE_STEPS`` steps on windows of ``length`` tokens with
     ``scaling`` on (RoPE only), ``FINETUNE_TOKENS_PER_STEP`` tokens per step, peak learning
-    rate ``FINETUNE_LR`` (warm-up 5 steps, cosine to a tenth)."""
+    rate ``FINETUNE_LR`` (warm-up 5 steps, cosine to a tenth); its data order is seeded by
+    ``seed + 1``."""
     tuned = copy.deepcopy(model)
     if tuned.config.encoding == "rope":
         set_scaling(tuned, scaling)
@@ -316,7 +372,7 @@ def finetune_length(
         eval_every=FINETUNE_STEPS,
         eval_windows=2,
         checkpoint_every=FINETUNE_STEPS,
-        seed=1,
+        seed=seed + 1,
     )
     train_model(tuned, train, val, config, progress=False)
     tuned.eval()
@@ -340,49 +396,60 @@ def _name(encoding: str, kind: str) -> str:
     return kind if encoding == "rope" else encoding
 
 
-def run_experiment(out_dir: Path = DEFAULT_OUT, *, progress: bool = True) -> dict:
-    """Run everything (see the module docstring) and write ``results.json`` and ``rope_base.pt``."""
-    from tqdm.auto import tqdm
-
+def run_seed(
+    seed: int,
+    train: torch.Tensor,
+    val: torch.Tensor,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bar=None,
+    save_rope_to: Path | None = None,
+) -> dict:
+    """Every step of the module docstring for one ``seed``: ``{"seed", "base", "zero_shot",
+    "finetuned", "windowed", "seconds"}``. ``inputs``/``targets`` ``[W, 512]``: the held-out
+    chunks. ``save_rope_to``: where to save the pretrained RoPE model's weights (or None)."""
     started = time.perf_counter()
-    torch.set_num_threads(1)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    train, val = train_val_split()
-    inputs, targets = eval_chunks(val)
     setup = ProbeSetup()
     variants = [("rope", k) for k in SCALINGS] + [(e, "plain") for e in ENCODINGS[1:]]
     tuned_variants = [("rope", k) for k in FINETUNED_SCALINGS] + [
         (e, "plain") for e in ENCODINGS[1:]
     ]
-    total = len(ENCODINGS) * 2 + len(variants) + len(LENGTHS) * len(tuned_variants)
-    bar = tqdm(total=total, desc="rope scaling", disable=not progress)
     seconds: dict[str, float] = {}
+
+    def step(text: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(f"seed {seed}: {text}")
+
+    def done() -> None:
+        if bar is not None:
+            bar.update(1)
 
     train_probe, eval_probe = setup.make("train"), setup.make("eval")
 
     # 1. pretraining, and the probe fine-tune at the training length
     base, base_info, probed = {}, {}, {}
     for encoding in ENCODINGS:
-        bar.set_postfix_str(f"pretrain {encoding}")
-        base[encoding], base_info[encoding] = pretrain(encoding, train, val)
-        bar.update(1)
-        bar.set_postfix_str(f"probe {encoding}")
+        step(f"pretrain {encoding}")
+        base[encoding], base_info[encoding] = pretrain(encoding, train, val, seed)
+        done()
+        step(f"probe {encoding}")
         clock = time.perf_counter()
         probed[encoding] = finetune_probe(base[encoding], train_probe, setup)
         base_info[encoding]["probe_seconds"] = time.perf_counter() - clock
         base_info[encoding]["retrieval_64"] = retrieval_accuracy(
             probed[encoding], eval_probe, TRAIN_LEN
         )
-        bar.update(1)
-    torch.save(base["rope"].state_dict(), out_dir / "rope_base.pt")
+        done()
+    if save_rope_to is not None:
+        torch.save(base["rope"].state_dict(), save_rope_to)
     seconds["pretraining_and_probe"] = time.perf_counter() - started
 
     # 2. zero-shot
     clock = time.perf_counter()
     zero_shot = []
     for encoding, kind in variants:
-        bar.set_postfix_str(f"zero-shot {_name(encoding, kind)}")
+        step(f"zero-shot {_name(encoding, kind)}")
         model, tuned = base[encoding], probed[encoding]
         static_losses = None
         for length in LENGTHS:
@@ -407,18 +474,30 @@ def run_experiment(out_dir: Path = DEFAULT_OUT, *, progress: bool = True) -> dic
         if encoding == "rope":
             set_scaling(model, None)
             set_scaling(tuned, None)
-        bar.update(1)
+        done()
     seconds["zero_shot"] = time.perf_counter() - clock
 
-    # 3. short fine-tune at each length
+    # 3. the same tokens, each read with the TRAIN_LEN tokens up to it
+    clock = time.perf_counter()
+    windowed = []
+    for encoding in ENCODINGS:
+        step(f"windowed {encoding}")
+        losses = windowed_position_losses(base[encoding], inputs, targets, TRAIN_LEN)
+        windowed.append({"model": _name(encoding, "plain"), "encoding": encoding,
+                         "window": TRAIN_LEN, "length": max(LENGTHS),
+                         **_entry(losses, max(LENGTHS), True)})  # fmt: skip
+        done()
+    seconds["windowed"] = time.perf_counter() - clock
+
+    # 4. short fine-tune at each length
     clock = time.perf_counter()
     finetuned = []
     for length in LENGTHS:
         for encoding, kind in tuned_variants:
-            bar.set_postfix_str(f"fine-tune {_name(encoding, kind)} at {length}")
+            step(f"fine-tune {_name(encoding, kind)} at {length}")
             scaling = scaling_for(kind, length) if encoding == "rope" else None
             tick = time.perf_counter()
-            model = finetune_length(base[encoding], scaling, length, train, val)
+            model = finetune_length(base[encoding], scaling, length, train, val, seed)
             tune_seconds = time.perf_counter() - tick
             losses = position_losses(model, inputs[:, :length], targets[:, :length])
             entry = {"model": _name(encoding, kind), "encoding": encoding, "scaling": scaling,
@@ -429,20 +508,58 @@ def run_experiment(out_dir: Path = DEFAULT_OUT, *, progress: bool = True) -> dic
                 tuned = finetune_probe(model, train_probe, setup)
                 entry["retrieval"] = retrieval_accuracy(tuned, eval_probe, length)
             finetuned.append(entry)
-            bar.update(1)
+            done()
     seconds["finetune"] = time.perf_counter() - clock
-    bar.close()
     seconds["total"] = time.perf_counter() - started
+    return {
+        "seed": seed,
+        "base": base_info,
+        "zero_shot": zero_shot,
+        "windowed": windowed,
+        "finetuned": finetuned,
+        "seconds": seconds,
+    }
+
+
+def _steps_per_seed() -> int:
+    variants = len(SCALINGS) + len(ENCODINGS) - 1
+    tuned = len(FINETUNED_SCALINGS) + len(ENCODINGS) - 1
+    return len(ENCODINGS) * 3 + variants + len(LENGTHS) * tuned
+
+
+def run_experiment(
+    out_dir: Path = DEFAULT_OUT, seeds: tuple[int, ...] = SEEDS, *, progress: bool = True
+) -> dict:
+    """Run every seed (see the module docstring) and write ``results.json``, and the first
+    seed's pretrained RoPE model as ``rope_base.pt``."""
+    from tqdm.auto import tqdm
+
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct and at least one, got {seeds!r}")
+    torch.set_num_threads(1)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train, val = train_val_split()
+    inputs, targets = eval_chunks(val)
+    bar = tqdm(total=len(seeds) * _steps_per_seed(), desc="rope scaling", disable=not progress)
+    runs = []
+    for seed in seeds:
+        save = out_dir / "rope_base.pt" if seed == seeds[0] else None
+        runs.append(run_seed(seed, train, val, inputs, targets, bar=bar, save_rope_to=save))
+    bar.close()
 
     preset = PRESETS["cpu"]
     results = {
         "description": (
             "RoPE, ALiBi and stick-breaking (rse) causal models trained at 64 tokens (the "
             "comparison's cpu recipe), read at 128/256/512 zero-shot with each RoPE scaling and "
-            "after a short fine-tune at that length; loss per position bucket (nats per byte) "
-            "and retrieval accuracy of a probe placed at the end of the window"
+            "after a short fine-tune at that length, and with a 64-token sliding window on the "
+            "same tokens; loss per position bucket (nats per byte) and retrieval accuracy of a "
+            "probe placed at the end of the window; one entry per seed in runs"
         ),
         "command": "python -m course_lib.teaching.rope_scaling_experiment",
+        "seeds": list(seeds),
+        "checkpoint_seed": seeds[0],
         "train_len": TRAIN_LEN,
         "lengths": list(LENGTHS),
         "buckets": [list(b) for b in BUCKETS],
@@ -454,15 +571,12 @@ def run_experiment(out_dir: Path = DEFAULT_OUT, *, progress: bool = True) -> dic
             "learning_rate": FINETUNE_LR,
             "scalings": list(FINETUNED_SCALINGS),
         },
-        "probe": asdict(setup),
+        "probe": asdict(ProbeSetup()),
         "probe_chance": 1 / 26,
         "eval_windows": int(inputs.shape[0]),
         "eval_chunk_length": int(inputs.shape[1]),
         "corpus_source": corpus_source(),
-        "base": base_info,
-        "zero_shot": zero_shot,
-        "finetuned": finetuned,
-        "seconds": seconds,
+        "runs": runs,
         "hardware": {
             "cpu": platform.processor() or platform.machine(),
             "torch_threads": torch.get_num_threads(),
@@ -471,6 +585,30 @@ def run_experiment(out_dir: Path = DEFAULT_OUT, *, progress: bool = True) -> dic
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     return results
+
+
+def merge_results(parts: list[dict]) -> dict:
+    """One results dict from several of :func:`run_experiment` with disjoint seeds (each seed is
+    independent of the others, so this equals one run over all of them). The first part's
+    checkpoint seed is kept; runs are sorted by seed."""
+    if not parts:
+        raise ValueError("nothing to merge: give at least one results dict")
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("train_len", "lengths", "buckets", "model_config", "train_config",
+                    "finetune", "probe", "eval_windows", "corpus_source"):  # fmt: skip
+            if part[key] != first[key]:
+                raise ValueError(f"cannot merge results with different {key!r}")
+    runs = sorted((run for part in parts for run in part["runs"]), key=lambda r: r["seed"])
+    seeds = [run["seed"] for run in runs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"the parts share seeds ({seeds}); each seed must run once")
+    return {**first, "seeds": seeds, "runs": runs}
+
+
+def seed_runs(results: dict) -> list[dict]:
+    """The per-seed entries of ``results``, sorted by seed."""
+    return sorted(results["runs"], key=lambda r: r["seed"])
 
 
 def load_results(out_dir: Path = DEFAULT_OUT) -> dict:
@@ -489,9 +627,21 @@ def load_base_model(out_dir: Path = DEFAULT_OUT) -> MiniBert:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, metavar="RESULTS",
+        help="merge results.json files of runs with disjoint seeds into --out instead of training",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    results = run_experiment(args.out)
-    print(f"wrote {args.out / 'results.json'} in {results['seconds']['total']:.0f} s")
+    if args.merge:
+        merged = merge_results([load_results(p.parent if p.is_file() else p) for p in args.merge])
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"wrote {args.out / 'results.json'} (seeds {merged['seeds']})")
+        return
+    results = run_experiment(args.out, tuple(args.seeds))
+    total = sum(run["seconds"]["total"] for run in results["runs"])
+    print(f"wrote {args.out / 'results.json'} in {total:.0f} s")
 
 
 if __name__ == "__main__":

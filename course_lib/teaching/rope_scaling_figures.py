@@ -30,6 +30,8 @@ __all__ = [
     "plot_bucket_losses",
     "plot_retrieval",
     "bucket_table",
+    "seed_values",
+    "average_runs",
     "scaling_explorer",
 ]
 
@@ -180,14 +182,28 @@ def _smooth(values: list[float], window: int) -> torch.Tensor:
     return torch.nn.functional.conv1d(padded[None, None], kernel[None, None])[0, 0]
 
 
-def plot_position_curves(entries: list[dict], train_len: int, title: str, window: int = 16):
+def plot_position_curves(
+    entries: list[dict],
+    train_len: int,
+    title: str,
+    window: int = 16,
+    dashed: list[dict] = (),
+    dashed_label: str = "",
+):
     """Loss by position (moving average over ``window`` positions) of each entry's
-    ``per_position`` curve, the training length marked."""
+    ``per_position`` curve, the training length marked; ``dashed`` entries (e.g. the same tokens
+    read with a short context) are drawn dashed in their model's colour, labelled with
+    ``dashed_label``."""
     fig, ax = plt.subplots(figsize=(8.5, 3.6))
     for entry in entries:
         name = entry["model"]
         curve = _smooth(entry["per_position"], window)
         ax.plot(curve, color=VARIANT_COLORS[name], lw=1.4, label=VARIANT_LABELS[name])
+    for entry in dashed:
+        name = entry["model"]
+        curve = _smooth(entry["per_position"], window)
+        ax.plot(curve, color=VARIANT_COLORS[name], lw=1.1, ls="--",
+                label=f"{VARIANT_LABELS[name]}, {dashed_label}")  # fmt: skip
     ax.axvline(train_len, color="black", lw=1, ls="--")
     low, high = ax.get_ylim()
     ax.text(train_len + 4, low + 0.02 * (high - low), "training length", fontsize=8, va="bottom")
@@ -267,21 +283,84 @@ def plot_retrieval(results: dict):
     return fig
 
 
-def bucket_table(results: dict, key: str, length: int) -> str:
-    """A text table of one protocol (``"zero_shot"`` or ``"finetuned"``) at one length:
-    loss per bucket (3 decimals) and retrieval accuracy (2 decimals, ``-`` when not measured)."""
+def bucket_table(
+    results: dict, key: str, length: int, suffix: str = "", header: bool = True
+) -> str:
+    """A text table of one protocol (``"zero_shot"``, ``"finetuned"`` or ``"windowed"``) at one
+    length: loss per bucket (3 decimals) and retrieval accuracy (2 decimals, ``-`` when not
+    measured); ``suffix`` is appended to each row's label, ``header=False`` leaves out the
+    header line (to append rows to another table)."""
     shown = [b for b in results["buckets"] if b[0] < length]
-    header = f"{'':22}" + "".join(f"{f'{a}-{min(b, length) - 1}':>9}" for a, b in shown)
-    lines = [header + f"{'retrieval':>11}"]
+    width = max(30, max(len(label) for label in VARIANT_LABELS.values()) + len(suffix) + 1)
+    lines = []
+    if header:
+        lines.append(
+            f"{'':{width}}"
+            + "".join(f"{f'{a}-{min(b, length) - 1}':>9}" for a, b in shown)
+            + f"{'retrieval':>11}"
+        )
     for entry in results[key]:
         if entry["length"] != length:
             continue
         cells = "".join(f"{v:9.3f}" for v in entry["buckets"] if v is not None)
-        acc = entry["retrieval"]
-        lines.append(
-            f"{VARIANT_LABELS[entry['model']]:22}{cells}{'-' if acc is None else f'{acc:.2f}':>11}"
-        )
+        acc = entry.get("retrieval")
+        label = VARIANT_LABELS[entry["model"]] + suffix
+        lines.append(f"{label:{width}}{cells}{'-' if acc is None else f'{acc:.2f}':>11}")
     return "\n".join(lines)
+
+
+def seed_values(
+    results: dict, section: str, model: str, length: int, read=lambda entry: entry["mean"]
+) -> list[float]:
+    """``read(entry)`` for the entry of ``model`` read at ``length`` in ``section``
+    (``"zero_shot"``, ``"finetuned"`` or ``"windowed"``) of every seed, in seed order: the
+    values a paired comparison over seeds takes. ``section="base"`` reads
+    ``results["runs"][i]["base"][model]`` (``length`` ignored)."""
+    out = []
+    for run in sorted(results["runs"], key=lambda r: r["seed"]):
+        if section == "base":
+            out.append(read(run["base"][model]))
+            continue
+        found = [e for e in run[section] if e["model"] == model and e["length"] == length]
+        if len(found) != 1:
+            raise ValueError(
+                f"seed {run['seed']}: no single {section} entry of {model} at {length}"
+            )
+        out.append(read(found[0]))
+    return out
+
+
+def _mean(values: list) -> object:
+    if all(v is None for v in values):
+        return None
+    if isinstance(values[0], list):
+        return [_mean(list(column)) for column in zip(*values, strict=True)]
+    return sum(values) / len(values)
+
+
+def average_runs(results: dict) -> dict:
+    """``results`` with the per-seed runs averaged: ``zero_shot``, ``finetuned`` and
+    ``windowed`` entries (buckets, mean, per-position curve, retrieval) and ``base`` values as
+    means over the seeds, in the layout of one seed's run (what the tables and figures read)."""
+    runs = sorted(results["runs"], key=lambda r: r["seed"])
+    averaged = {k: v for k, v in results.items() if k != "runs"}
+    for section in ("zero_shot", "finetuned", "windowed"):
+        entries = []
+        for i, entry in enumerate(runs[0][section]):
+            same = [run[section][i] for run in runs]
+            if any((e["model"], e["length"]) != (entry["model"], entry["length"]) for e in same):
+                raise ValueError(f"the seeds' {section} entries are not in the same order")
+            mean = dict(entry)
+            for key in ("buckets", "mean", "per_position", "retrieval"):
+                if key in entry:
+                    mean[key] = _mean([e[key] for e in same])
+            entries.append(mean)
+        averaged[section] = entries
+    averaged["base"] = {
+        name: {key: _mean([run["base"][name][key] for run in runs]) for key in info}
+        for name, info in runs[0]["base"].items()
+    }
+    return averaged
 
 
 def scaling_explorer(

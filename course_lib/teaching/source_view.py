@@ -1,4 +1,4 @@
-"""Show the learner the source of a Triton kernel, read from its file (Triton is not imported).
+"""Show the learner the source of a Triton kernel, read from its file (its module is not imported).
 
 Reading the file rather than importing the module means the listing works on every machine,
 including those where Triton cannot be installed.

@@ -33,6 +33,7 @@ __all__ = [
     "plot_scenes",
     "summarise_results",
     "plot_vit_results",
+    "flat_line_limits",
     "two_d_explorer",
 ]
 
@@ -92,7 +93,7 @@ def score_map(
 
 
 def _show_map(ax, scores: torch.Tensor, query, title: str, vmax: float, key=None) -> None:
-    ax.imshow(scores, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+    ax.imshow(scores.numpy(), cmap="RdBu_r", vmin=-vmax, vmax=vmax)
     ax.plot(query[1], query[0], marker="*", color="k", markersize=12, linestyle="")
     if key is not None:
         ax.plot(key[1], key[0], marker="o", markerfacecolor="none", color="k", markersize=12,
@@ -208,6 +209,16 @@ def plot_vit_results(results: dict, colors: dict[str, str]):
     return fig
 
 
+def flat_line_limits(values: list[float], scale: float) -> tuple[float, float]:
+    """The y-range of a panel that asks "is this line flat?": centred on the values, at least
+    ``scale`` tall (the score's own size, so float noise of 1e-5 stays a flat line instead of
+    being autoscaled into a jagged one) and tall enough for the values' own spread."""
+    low, high = min(values), max(values)
+    half = max(scale, 1.2 * (high - low), 1e-12) / 2
+    middle = (low + high) / 2
+    return middle - half, middle + half
+
+
 def two_d_explorer(
     encoding: str = "rope_2d",
     query: tuple[int, int] = (3, 3),
@@ -216,7 +227,9 @@ def two_d_explorer(
 ):
     """Left: the query's score against every patch (star: the query, circle: your key). Right:
     the score of your pair when both patches move together by ``(s, s)``, ``s = 0..12``: flat
-    for a relative encoding. Returns the figure."""
+    for a relative encoding. The right panel's y-range is at least the largest ``|score|`` of the
+    left map, with plain tick labels (no offset notation), so a flat line looks flat. Returns the
+    figure."""
     vectors = explorer_vectors()
     scores = score_map(encoding, query, grid, vectors=vectors)
     vmax = float(scores.abs().max())
@@ -235,6 +248,8 @@ def two_d_explorer(
         for s in shifts
     ]
     axes[1].plot(list(shifts), moved, marker="o")
+    axes[1].set_ylim(*flat_line_limits(moved, vmax))
+    axes[1].ticklabel_format(axis="y", style="plain", useOffset=False)
     axes[1].set_xlabel("both patches moved by (s, s)")
     axes[1].set_ylabel("score of the pair")
     axes[1].set_title("a relative encoding gives a flat line", fontsize=9)
