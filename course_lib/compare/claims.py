@@ -72,6 +72,7 @@ __all__ = [
     "plateau_arms",
     "questions",
     "report_claims",
+    "untested_questions",
     "spread_of_called",
 ]
 
@@ -251,6 +252,51 @@ def report_claims(results: list[dict]) -> list[Claim]:
         ):
             kept.append(claim)
     return list(dict.fromkeys(kept))
+
+
+def untested_questions(results: list[dict]) -> list[tuple[Claim, str]]:
+    """The declared questions (:func:`questions`) that :func:`report_claims` leaves out, each with why: a masked-LM arm that did not leave the plateau, or a metric the
+    runs themselves record as not applicable (the learned table has no rows past the training
+    length, so its far targets cannot be read), an arm with no runs (a partial run), or a
+    metric the preset does not measure. The summary lists them: a declared question does not
+    vanish silently (and the committed results' test allows only the first two reasons)."""
+    groups = by_arm(results)
+    stuck = set(plateau_arms(results))
+    kept = set(report_claims(results))
+    out = []
+    for claim in dict.fromkeys(questions()):
+        if claim in kept:
+            continue
+        arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
+        if claim.objective == "mlm" and stuck & set(arms):
+            out.append((claim, "an arm did not leave the unigram plateau"))
+            continue
+        absent = [a for a in arms if not groups.get((claim.objective, a))]
+        if absent:  # a partial run (--encodings, --seeds ...)
+            out.append((claim, f"no {claim.objective} runs of {', '.join(absent)}"))
+            continue
+        reasons = [
+            _not_applicable(groups.get((claim.objective, a), ()), claim.metric) for a in arms
+        ]
+        reason = next((r for r in reasons if r), None)
+        out.append((claim, reason or f"the runs have no {claim.metric} (not in this preset)"))
+    return out
+
+
+def _not_applicable(runs, name: str) -> str | None:
+    """The recorded reason when every run's evaluation at metric ``name``'s length (``@7L``)
+    is ``not_applicable``, else None."""
+    if "@" not in name or not runs:
+        return None
+    tag = "@" + name.split("@", 1)[1]
+    reasons = set()
+    for r in runs:
+        entries = [v for k, v in r.get("evaluation", {}).items() if k.endswith(tag)]
+        missing = [e for e in entries if e.get("status") == "not_applicable"]
+        if not missing:
+            return None
+        reasons.add(missing[0].get("reason", "not applicable"))
+    return "; ".join(sorted(reasons))
 
 
 # ---------------------------------------------------------------------------------------------

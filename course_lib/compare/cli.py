@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=_seeds,
         action=_Flatten,
         metavar="SEED",
-        help="training seeds, one run per seed (default: the preset's; cpu: 0 1 2)",
+        help="training seeds, one run per seed (default: the preset's; cpu and gpu: 0 1 2 3 4)",
     )
     parser.add_argument(
         "--objectives",

@@ -25,6 +25,7 @@ from course_lib.compare.claims import (
     judge,
     plateau_arms,
     spread_of_called,
+    untested_questions,
 )
 from course_lib.compare.files import check_result, read_json
 from course_lib.compare.stats import ALPHA, METRICS, MIN_EFFECT, by_arm, spread
@@ -201,13 +202,23 @@ def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
     if sessions:
         wall = sum(s["wall_seconds"] for s in sessions)
         procs = sorted({s["processes"] for s in sessions})
+        total_cpu = cpu + _sweep_cpu(folder)
+        # the logged sittings could not have spent this much CPU time: some were not logged
+        partial = sum(s["wall_seconds"] * s["processes"] for s in sessions) < total_cpu
         text += (
             f" Wall-clock time of the command that made them (`sessions.json`): "
-            f"{wall / 60:.0f} min in {len(sessions)} sitting{'s' if len(sessions) > 1 else ''} "
-            f"({' or '.join(map(str, procs))} process{'es' if procs != [1] else ''}), the sweep "
-            "and the timing pass included, on a machine shared with other work: on an idle "
-            f"machine with two processes it would be about the CPU time over two "
-            f"({(cpu + _sweep_cpu(folder)) / 120:.0f} min)."
+            f"{wall / 60:.0f} min in {len(sessions)} logged sitting"
+            f"{'s' if len(sessions) > 1 else ''} "
+            f"({' or '.join(map(str, procs))} process{'es' if procs != [1] else ''}), on a "
+            "machine shared with other work"
+            + (
+                " (earlier sittings were not logged, so this is less than the whole: "
+                "the logged sittings could not have spent the CPU time above)"
+                if partial
+                else ", the sweep included"
+            )
+            + ": on an idle machine with two processes it would be about the CPU time over "
+            f"two ({total_cpu / 120:.0f} min)."
         )
     return text
 
@@ -481,12 +492,18 @@ def _learned_section(results: list[dict]) -> list[str]:
     ]
 
 
-def _claims_section(verdicts: dict) -> list[str]:
+def _claims_section(verdicts: dict, untested: list | None = None) -> list[str]:
     rows = []
     for claim, v in verdicts.items():
         kind = type(claim).__name__.lower()
         rows.append(f"| {kind} | {claim.describe()} | " + " | ".join(_verdict_row(v)) + " |")
     summary = spread_of_called(verdicts)
+    left_out = [f"{claim.describe()} ({why})" for claim, why in untested or []]
+    untested_line = (
+        [f"Declared but not tested ({len(left_out)}): " + "; ".join(left_out) + ".", ""]
+        if left_out
+        else []
+    )
     return [
         "## Every claim",
         "",
@@ -501,6 +518,7 @@ def _claims_section(verdicts: dict) -> list[str]:
         f"of it; else *within noise* (*not shown* for a bound). {summary['called']} of "
         f"{summary['claims']} are called.",
         "",
+        *untested_line,
         "| kind | claim | estimate [95% interval] | p | Holm p | text s.e. | verdict |",
         "|---|---|---|---|---|---|---|",
         *rows,
@@ -599,7 +617,7 @@ def summary_markdown(
         lines += _position_context_table(results, objective)
     lines += _ablation_section(verdicts)
     lines += _learned_section(results)
-    lines += _claims_section(verdicts)
+    lines += _claims_section(verdicts, untested_questions(results))
     lines += _cost_section(results, folder)
     return "\n".join(lines).rstrip() + "\n"
 
