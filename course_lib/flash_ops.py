@@ -214,12 +214,20 @@ class _FusedAttentionFunction(torch.autograd.Function):
         kernels = load_kernel_module(family.module)
         options = call.launch_options(causal, bias_tensor)
         launch = getattr(kernels, family.forward)
-        out, state = launch(q, k, v, call.positions, call.mask, **options)
+        # A learnable bias in 16 bits: the flash backward's delta is taken from the float32
+        # output (see flash_attention_backward), and the caller gets it rounded to q's dtype.
+        keep_fp32 = (
+            family.backward_takes_output
+            and ctx.needs_input_grad[3]
+            and q.dtype in (torch.float16, torch.bfloat16)
+        )
+        extra = {"out_dtype": torch.float32} if keep_fp32 else {}
+        out, state = launch(q, k, v, call.positions, call.mask, **options, **extra)
         ctx.save_for_backward(
             q, k, v, *((out, state) if family.backward_takes_output else (state,))
         )
         ctx.call, ctx.options, ctx.family = call, options, family
-        return out
+        return out.to(q.dtype) if keep_fp32 else out
 
     @staticmethod
     @once_differentiable

@@ -913,6 +913,7 @@ def _flash_bwd_dkdv_kernel(
 def _dq_tiles(
     dq1,
     dq2,
+    rows,
     q1,
     q2,
     do,
@@ -956,9 +957,10 @@ def _dq_tiles(
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
+    ROW_SUMS: tl.constexpr,
 ):
     """dQ from the key blocks starting at ``lo, lo + BLOCK_N, ... < hi`` (``COS``, ``SIN``: the
-    keys' tables).
+    keys' tables); with ``ROW_SUMS``, also ``rows_i += sum_j dS_ij`` (float32, ``[BLOCK_M]``).
 
     Query rows past the end have ``lse = +inf`` (their ``P`` is 0 with no mask); with
     ``MASKED``, the causal mask (causal) or the sequence end (bidirectional), bounded loads.
@@ -982,11 +984,14 @@ def _dq_tiles(
         p = _keep_allowed(p, 0.0, offs_m, offs_n, col_valid, KPM, CAUSAL, HAS_MASK, MASKED)
 
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        ds = (p * (dp - delta[:, None])).to(k1.dtype)
+        ds = p * (dp - delta[:, None])
+        if ROW_SUMS:
+            rows += tl.sum(ds, 1)
+        ds = ds.to(k1.dtype)
         dq1 = tl.dot(ds, k1, dq1, input_precision=DOT_PRECISION)
         if PAIR_HALVES:
             dq2 = tl.dot(ds, k2, dq2, input_precision=DOT_PRECISION)
-    return dq1, dq2
+    return dq1, dq2, rows
 
 
 @triton.jit
@@ -998,6 +1003,7 @@ def _flash_bwd_dq_kernel(
     LSE,
     DELTA,
     DQ,
+    ROWS,
     POS,
     KPM,
     COS,
@@ -1044,11 +1050,13 @@ def _flash_bwd_dq_kernel(
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr = None,
+    ROW_SUMS: tl.constexpr = False,
 ):
     """dQ for one query block, walking the key blocks.
 
     ``P = exp2(S - lse)``, ``dS = P * (dO V^T - delta)``, ``dq' = scale * dS k'`` (per pair
-    half), then ``dq`` through the transposed transform.
+    half), then ``dq`` through the transposed transform. With ``ROW_SUMS``, also stores
+    ``ROWS[bh, i] = sum_j dS_ij`` (float32): the query side of a per-token bias's gradient.
     """
     pid_m, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
         Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,
@@ -1083,26 +1091,29 @@ def _flash_bwd_dq_kernel(
     else:
         dq1 = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         dq2 = dq1
+    rows = tl.zeros([BLOCK_M], dtype=tl.float32)
     if CAUSAL:
         mid = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
         hi = tl.minimum((pid_m + 1) * BLOCK_M, seq_len)
     else:
         mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
-    dq1, dq2 = _dq_tiles(
-        dq1, dq2, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
+    dq1, dq2, rows = _dq_tiles(
+        dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
         stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1,
         gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES,
         BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK,
-        DOT_PRECISION, False,
+        DOT_PRECISION, False, ROW_SUMS,
     )  # fmt: skip
-    dq1, dq2 = _dq_tiles(
-        dq1, dq2, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
+    dq1, dq2, rows = _dq_tiles(
+        dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
         stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1,
         gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES,
         BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK,
-        DOT_PRECISION, True,
+        DOT_PRECISION, True, ROW_SUMS,
     )  # fmt: skip
+    if ROW_SUMS:
+        tl.store(ROWS + pid_bh * seq_len + offs_m, rows, mask=row_valid)
 
     _store_decoded(
         DQ, dq1 * scale, dq2 * scale, COS, SIN, offs_m, row_valid, t, pair_valid, first, second,
@@ -1276,6 +1287,7 @@ def flash_attention_forward(
     bias_params: torch.Tensor | None = None,
     bias_options: dict | None = None,
     config: FlashConfig | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel.
 
@@ -1284,8 +1296,11 @@ def flash_attention_forward(
     key_mask: ``[batch, seq]`` (nonzero = real) or None; qk_tables: an object with ``cos``,
     ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None; bias_hook: a
     :class:`.score_bias.BiasHook` or None, bias_params: the tensor it reads, bias_options: its
-    compile-time options (``ScoreBias.options``; each set compiles its own kernel). Returns ``(out [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32,
-    base 2)``.
+    compile-time options (``ScoreBias.options``; each set compiles its own kernel); out_dtype:
+    the output's dtype (default q's; float32 keeps the accumulator unrounded, for a backward
+    whose ``delta_i = rowsum(dO_i * O_i)`` must match the kernel's own ``P`` and ``dP``: see
+    :func:`flash_attention_backward`). Returns ``(out [batch, heads, seq, head_dim] contiguous,
+    lse [batch * heads, seq] fp32, base 2)``.
     """
     check_launch_inputs(
         q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options
@@ -1295,7 +1310,7 @@ def flash_attention_forward(
     a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
     carries = dict(tables=a.has_tables, bias=a.hook is not None)
     cfg = config or pick_config("forward", head_dim, q.dtype, q.device, **carries)
-    out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
+    out = torch.empty((batch, heads, seq, head_dim), dtype=out_dtype or q.dtype, device=q.device)
     lse = torch.empty((batch * heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
     run_launch(Launch("forward", _flash_fwd_kernel, grid, (
@@ -1334,6 +1349,13 @@ def flash_attention_backward(
     its shape) if ``bias_grad``, else None. grad_out: like the output, any strides; out and lse
     from :func:`flash_attention_forward`; the other arguments as given to it. ``configs`` may
     override the block sizes of ``"dkdv"`` and/or ``"dq"``.
+
+    Precision of ``dparams`` in fp16/bf16: a row of ``dS = P * (dP - delta)`` sums to 0 only
+    when ``delta_i = dO_i . O_i`` matches the backward's own ``P`` and ``dP``. ``dq``, ``dk``,
+    ``dv`` barely notice (``dS`` enters them times ``k`` or ``q``), but a bias gradient sums
+    ``dS`` itself. Two things keep it close: a hook with ``query_row_sums`` gets the rows'
+    sums (so what is left over cancels, see :mod:`.score_bias`), and a float32 ``out``
+    (``out_dtype=torch.float32`` in the forward) removes the output's rounding from ``delta``.
     """
     check_launch_inputs(
         q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options
@@ -1386,13 +1408,18 @@ def flash_attention_backward(
         BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
         GRAD_PER_TILE=per_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **switches,
     )))  # fmt: skip
+    # a per-token bias's query side (b_ij = a_i - a_j): d loss / d a_i += sum_j dS_ij
+    row_sums = bias_grad and a.hook.query_row_sums
+    rows = torch.empty_like(lse) if row_sums else delta
     cfg = configs["dq"]
     run_launch(Launch("dq", _flash_bwd_dq_kernel, (triton.cdiv(seq, cfg.block_m), batch * heads), (
-        q, k, v, grad_out, lse, delta, dq, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain,
+        q, k, v, grad_out, lse, delta, dq, rows, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain,
         a.bias_params, *strides, seq, heads, scale, scale * LOG2E,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **switches,
+        num_stages=cfg.num_stages, ROW_SUMS=row_sums, **switches,
     )))  # fmt: skip
     dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_shape, tiles) if bias_grad else None
+    if row_sums:
+        dparams = dparams + rows.view(batch, heads, seq)
     return dq, dk, dv, dparams

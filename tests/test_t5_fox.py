@@ -334,8 +334,8 @@ def test_t5_kernel_matches_direct_formula(heads, seq, num_buckets, max_distance,
 @needs_kernels
 @pytest.mark.parametrize(("heads", "seq"), [(3, 37), (5, 70), (1, 1)])
 def test_fox_kernel_matches_direct_formula(heads, seq):
-    """``c`` is a leaf here: its kernel gradient (minus the column sums of dS) must equal
-    autograd of ``b_ij = c_i - c_j``, which also has the row sums: they vanish under softmax."""
+    """``c`` is a leaf here: its kernel gradient (the row sums of dS minus its column sums) must
+    equal autograd of ``b_ij = c_i - c_j``."""
     from course_lib.flash_ops import flash_attention
 
     device = kernel_device()
@@ -374,6 +374,36 @@ def test_fox_gate_gradients_through_the_triton_backend():
     torch.testing.assert_close(tri, ref, atol=1e-5, rtol=1e-4)
     for g_tri, g_ref in zip(tri_grads, ref_grads, strict=True):
         torch.testing.assert_close(g_tri, g_ref, atol=1e-5, rtol=1e-4)
+
+
+@needs_kernels
+def test_fox_gate_gradient_in_fp16_keeps_the_query_side():
+    """In 16 bits the rows of the kernels' ``dS`` do not sum to 0 (``delta`` comes from the
+    forward's rounded ``P V``), and FoX's gradient goes through a cumulative sum over the
+    sequence, which adds the rows' leftovers up. The first gate shows it sharply: ``log f_0`` is
+    in every ``c_i`` alike, so its gradient is exactly 0. Leaving the query side out gave about
+    5e-4 of the gradient's scale there (and twice the error elsewhere); with it, 3e-7."""
+    device = kernel_device()
+    g = gen(3)
+    q, k, v, up = (torch.randn(1, 2, 160, 32, generator=g) for _ in range(4))
+    log_forget = F.logsigmoid(torch.randn(1, 2, 160, generator=g) + 2.0)
+    grads = {}
+    for backend, dtype in (("reference", torch.float64), ("triton", torch.float16)):
+        leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
+        gates = log_forget.to(device, torch.float64 if dtype == torch.float64 else torch.float32)
+        gates.requires_grad_()
+        out = attention(
+            *leaves, method="fox", causal=True, log_forget=gates, backend=backend
+        )  # fmt: skip
+        (grads[backend],) = torch.autograd.grad(out, [gates], up.to(device, out.dtype))
+    want, got = grads["reference"].double().cpu(), grads["triton"].double().cpu()
+    scale = want.abs().max().item()
+    assert want[..., 0].abs().max().item() < 1e-12 * scale
+    first = got[..., 0].abs().max().item() / scale
+    assert first < 1e-5, f"the first gate's gradient is {first:.1e} of the scale, not 0"
+    error = (got - want).abs().max().item() / scale
+    # 3e-4 here (fp16's rounding of dO alone gives 2e-4); without the query side, 7e-4
+    assert error < 5e-4, f"dlog_forget in fp16 is off by {error:.1e} of its scale"
 
 
 @needs_kernels

@@ -80,8 +80,8 @@ def check_fox_params(params: dict, *, heads: int, head_dim: int, device, positio
 # -- the fused kernels' hook (Triton only) --------------------------------------------------------
 CUMULATIVE_LOG_GATES = None
 """``b_ij = per_token[b, h, i] - per_token[b, h, j]`` with ``per_token = c = cumsum(log f)``:
-FoX's forget gates in the flash kernels (``c_i - c_j = sum_{l=j+1..i} log f_l``). Flash only:
-its gradient leaves out the query side, which is 0 under softmax alone. None without Triton."""
+FoX's forget gates in the flash kernels (``c_i - c_j = sum_{l=j+1..i} log f_l``). Flash only
+(the dQ kernel adds the query side of the gradient). None without Triton."""
 if kernels_available():
     import triton
     import triton.language as tl
@@ -105,8 +105,9 @@ if kernels_available():
         OPTIONS: tl.constexpr = None,
     ):  # fmt: skip
         """Per key column: ``acc_j -= sum_i dS_ij`` (``d b_ij / d c_j = -1``). The query side
-        ``d loss / d c_i = sum_j dS_ij`` is exactly 0 under softmax (each row of ``dS`` sums to
-        0: adding a constant to a row does not change a softmax), so it is not formed."""
+        ``d loss / d c_i = sum_j dS_ij`` would be 0 in exact arithmetic (adding a constant to a
+        row does not change a softmax), but not in 16 bits, and the cumulative sum adds up what
+        is left: the flash dQ kernel adds it (``query_row_sums``)."""
         return acc - tl.sum(ds, axis=QUERY_AXIS)
 
     CUMULATIVE_LOG_GATES = BiasHook(
@@ -117,6 +118,7 @@ if kernels_available():
         param="per_token",
         reduce=per_token_columns,
         families=("flash",),
+        query_row_sums=True,
     )
 
 

@@ -158,17 +158,25 @@ def write_figure(report: dict, path: Path) -> Path:
     dims = sorted({r["head_dim"] for r in records})
     fig, axes = plt.subplots(1, len(dims) + 1, figsize=(5 * (len(dims) + 1), 4.5), squeeze=False)
     name = report["meta"]["device"]["name"]
+    # more methods than colours: colour and line style together tell each line apart
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = [("-", "o"), ("--", "s"), (":", "^")]
     for ax, d in zip(axes[0], dims, strict=False):
-        for method in dict.fromkeys(r["method"] for r in records):
+        for n, method in enumerate(dict.fromkeys(r["method"] for r in records)):
             pts = sorted(
                 (r["seq"], r["vs_sdpa"])
                 for r in records
                 if r["method"] == method and r["head_dim"] == d
             )
+            line, marker = styles[(n // len(colours)) % len(styles)]
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=method)
+                ax.plot(
+                    *zip(*pts, strict=True), ls=line, marker=marker, ms=3, label=method,
+                    color=colours[n % len(colours)],
+                )  # fmt: skip
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")  # from CoPE's 0.002 to softmax's 0.7
         ax.set_xlabel("sequence length")
         ax.set_ylabel("SDPA time / kernel time (fwd+bwd)")
         ax.set_title(f"{name}: speed vs SDPA, head_dim {d} (measured)", fontsize=9)
