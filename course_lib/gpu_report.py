@@ -4,7 +4,7 @@
 (``kernels/flash.py``, ``kernels/stick_breaking.py``) issue for the benchmark shape (seq 8192,
 batch 2, heads 2048 / head_dim, projections viewed as ``[batch, heads, seq, head_dim]``) for an
 H100 (sm_90) and an A100 (sm_80) (``--archs`` adds learners' GPUs: sm_75 T4, sm_86 A10 / RTX
-30xx, sm_89 L4 / RTX 40xx, sm_100, sm_120), and prints, per compiled kernel: tiles, warps,
+30xx, sm_89 L4 / RTX 40xx, sm_100, sm_120; ``--ci`` compiles sm_90, sm_86 and sm_75), and prints, per compiled kernel: tiles, warps,
 stages, registers, spill bytes, shared memory against the per-block limit, how its dots are
 lowered (wgmma / tcgen5 / mma.sync / FMA) and an occupancy estimate; then, from the sm_90
 machine code, the static cost per (query, key) pair of each family's tile loops under two
@@ -19,8 +19,11 @@ configuration or argument lists.
 
 Default: bf16, fp16 and fp32, head_dim 16-128, causal and bidirectional, for the feature sets of
 :func:`course_lib.gpu_static.variants.feature_sets` (``--full`` adds more; ``--quick`` is bf16 at
-head_dim 64 and 128). Exit status 1 if a launch fails to compile, needs more shared memory than
-its target allows per block, has a 16-bit dot off the tensor cores, or (``--fail-on-spill N``)
+head_dim 64 and 128; bf16 becomes fp16 on a target without bf16 tensor cores, where the report
+checks that the wrappers refuse bf16 with a message saying what to use). Exit status 1 if a
+launch fails to compile, needs more shared memory than its target allows per block, has a
+16-bit dot off the tensor cores where this Triton has a tensor-core path for the target (a
+minimal fp16 dot tells: Triton 3.9 has none for sm_75), or (``--fail-on-spill N``)
 spills more than N bytes per thread. No kernel is run: the cost figures are a static model.
 """
 
@@ -51,7 +54,7 @@ def _variant_list(args) -> list[variants.Variant]:
         feats = {fam: [f for f in fs if f.hook or f.tables is None] for fam, fs in feats.items()}
     out = []
     for arch in args.archs:
-        for dtype in args.dtypes:
+        for dtype in _dtypes_for(arch, args.dtypes):
             for d in args.dims:
                 for causal in (True, False):
                     for family in args.families:
@@ -62,6 +65,45 @@ def _variant_list(args) -> list[variants.Variant]:
     if args.filter:
         out = [v for v in out if re.search(args.filter, v.name)]
     return out
+
+
+def _dtypes_for(arch: int, dtypes) -> list[str]:
+    """The dtypes compiled for ``arch``: bf16 becomes fp16 on a GPU without bf16 tensor cores
+    (the wrappers refuse bf16 there: :func:`bf16_refusals` checks it)."""
+    if targets.TARGETS[arch].bf16:
+        return list(dtypes)
+    return list(dict.fromkeys("fp16" if d == "bf16" else d for d in dtypes))
+
+
+def bf16_refusals(args) -> tuple[list[dict], list[str]]:
+    """For each requested target without bf16 tensor cores: plan one bf16 launch and record the
+    wrappers' refusal (``{"arch", "dtype", "message"}``). A launch planned without a refusal,
+    or one whose message does not say what to use instead, is a failure."""
+    refusals, failures = [], []
+    if "bf16" not in args.dtypes:
+        return refusals, failures
+    for arch in args.archs:
+        if targets.TARGETS[arch].bf16:
+            continue
+        family = args.families[0]
+        plain = next(f for f in variants.feature_sets(False, family) if f.hook is None)
+        v = variants.Variant(family, plain, True, args.dims[0], "bf16", arch)
+        try:
+            variants.plan(v)
+        except TypeError as exc:
+            message = str(exc)
+            refusals.append(dict(arch=arch, dtype="bf16", message=message))
+            if "float16" not in message or f"sm_{arch}" not in message:
+                failures.append(f"sm{arch} bf16: the refusal does not say what to use: {message}")
+        else:
+            failures.append(f"sm{arch} bf16: planned without a refusal (no bf16 tensor cores)")
+    return refusals, failures
+
+
+def _probe_job(arch: int) -> bool:
+    """Worker: does this Triton put a plain fp16 dot on ``arch``'s tensor cores?"""
+    variants.compile_ready()
+    return aot.tensor_core_lowering(arch)
 
 
 def _compile_job(job: tuple) -> dict:
@@ -123,7 +165,16 @@ def run_report(args) -> dict:
             if done % 20 == 0 or done == len(jobs):
                 print(f"  compiled {done}/{len(jobs)} ({time.time() - t0:.0f} s)",
                       file=sys.stderr, flush=True)  # fmt: skip
-    compiles, failures, spills = [], [], []
+    compiles, spills, notes = [], [], []
+    refusals, failures = bf16_refusals(args)
+    with ProcessPoolExecutor(max_workers=1) as pool:  # compiles: not in this process
+        lowering = dict(zip(args.archs, pool.map(_probe_job, args.archs), strict=True))
+    cuda_cores_only = {a for a, ok in lowering.items() if not ok}
+    notes += [
+        f"sm_{a}: this Triton has no tensor-core path for the target (a minimal fp16 dot "
+        "compiles to FMA), so every dot of every kernel runs on the CUDA cores"
+        for a in sorted(cuda_cores_only)
+    ]
     index = {}
     for v, refs, _work in per_variant:
         for name, key, tiles in refs:
@@ -146,7 +197,7 @@ def run_report(args) -> dict:
                 failures.append(
                     f"{label}: shared memory {r['smem']} B > limit {gpu.smem_per_block} B"
                 )
-            if v.dtype != "fp32" and r["fma"]:
+            if v.dtype != "fp32" and r["fma"] and v.arch not in cuda_cores_only:
                 failures.append(f"{label}: {r['fma']} 16-bit dot(s) not on tensor cores")
             if r["spill_store"] > SPILL_NOTE:
                 spills.append(f"{label}: {r['spill_store']} B spill stores")
@@ -199,6 +250,8 @@ def run_report(args) -> dict:
         ),
         compiles=compiles,
         model=costs,
+        refusals=refusals,
+        notes=notes,
         failures=failures,
         spills=spills,
     )
@@ -365,10 +418,12 @@ def main(argv=None) -> int:
     p.add_argument("--full", action="store_true", help="more feature combinations")
     p.add_argument("--ci", action="store_true",
                    help="the CI subset: --quick, plain (causal and bidirectional) and each hook's "
-                   "heaviest combination (causal)")  # fmt: skip
+                   "heaviest combination (causal), for sm_90 and two learners' GPUs with less "
+                   "shared memory (sm_86: 99 KiB, sm_75: 64 KiB)")  # fmt: skip
     p.add_argument(
-        "--archs", type=int, nargs="+", default=[90, 80], choices=sorted(targets.TARGETS)
-    )
+        "--archs", type=int, nargs="+", default=None, choices=sorted(targets.TARGETS),
+        help="targets (default: 90 80; with --ci: 90 86 75)",
+    )  # fmt: skip
     p.add_argument("--dims", type=int, nargs="+", default=None)
     p.add_argument("--dtypes", nargs="+", default=None, choices=sorted(variants.DTYPES))
     p.add_argument("--families", nargs="+", default=["flash", "stick"], choices=["flash", "stick"])
@@ -385,6 +440,8 @@ def main(argv=None) -> int:
     p.add_argument("--fail-on-spill", type=int, default=None)
     p.add_argument("--verbose", action="store_true", help="print the per-compile table")
     args = p.parse_args(argv)
+    if args.archs is None:
+        args.archs = [90, 86, 75] if args.ci else [90, 80]
     quick = args.quick or args.ci
     if args.dims is None:
         args.dims = [64, 128] if quick else [16, 32, 64, 128]
@@ -412,11 +469,16 @@ def main(argv=None) -> int:
         text += _summary_table(rep)
     text += ["", *model_lines(rep), "", *occupancy_lines(rep), ""]
     text += [f"spills > {SPILL_NOTE} B: {s}" for s in rep["spills"]]
+    text += [
+        f"sm_{r['arch']}: bf16 refused by the wrappers, compiled in fp16 instead: {r['message']}"
+        for r in rep.get("refusals", [])
+    ]
+    text += [f"note: {n}" for n in rep.get("notes", [])]
     text += [f"FAIL {f}" for f in rep["failures"]]
     n = len(rep["compiles"])
     text.append(f"{n} kernels compiled in {rep['meta']['seconds']:.0f} s; "
                 + ("RESULT: FAIL" if rep["failures"] else "RESULT: OK (all compile, fit in shared "
-                   "memory, 16-bit dots on tensor cores)"))  # fmt: skip
+                   "memory, 16-bit dots on tensor cores wherever this Triton has them)"))  # fmt: skip
     text.append(f"wrote {out.with_suffix('.json')}" + ("" if args.no_figure else " and .png"))
     print("\n".join(text))
     return 1 if rep["failures"] else 0

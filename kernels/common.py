@@ -41,6 +41,7 @@ from .score_bias import BiasHook
 __all__ = [
     "Launch",
     "LaunchArgs",
+    "check_dtype_on_gpu",
     "check_launch_inputs",
     "dot_precision",
     "gpu_arch",
@@ -175,7 +176,7 @@ def gpu_arch(device: torch.device) -> int | None:
 
 # Shared memory one CTA may opt in to, bytes, by compute capability (CUDA's per-block opt-in
 # limits); an unknown GPU is assumed to have the smallest of the current ones.
-SMEM_PER_BLOCK = {70: 96 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
+SMEM_PER_BLOCK = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
                   90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}  # fmt: skip
 
 
@@ -234,6 +235,28 @@ def _fail(message: str, error: type = ValueError):
     raise error(message)
 
 
+# The oldest GPUs with bf16 tensor-core products (Ampere, sm_80): below it (a T4 is sm_75) a
+# bf16 dot would run on the CUDA cores, several times slower, so the kernels refuse it.
+BF16_MIN_ARCH = 80
+
+
+def check_dtype_on_gpu(dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse bf16 on a GPU without bf16 tensor cores, naming the GPU and what to use instead
+    (nothing is checked in the interpreter)."""
+    arch = gpu_arch(device)
+    if dtype != torch.bfloat16 or arch is None or arch >= BF16_MIN_ARCH:
+        return
+    if _PLAN:
+        name = f"the planned sm_{arch} target"
+    else:
+        name = f"this GPU ({torch.cuda.get_device_name(device)}, sm_{arch})"
+    _fail(
+        f"bf16 needs bf16 tensor cores (compute capability 8.0 or newer); {name} has none. "
+        "Use float16 instead (e.g. torch.autocast('cuda', dtype=torch.float16)) or float32",
+        TypeError,
+    )
+
+
 def check_launch_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -257,6 +280,7 @@ def check_launch_inputs(
             f"got {q.dtype}, {k.dtype}, {v.dtype}",
             TypeError,
         )
+    check_dtype_on_gpu(q.dtype, q.device)
     batch, heads, seq, head_dim = q.shape
     if head_dim not in KERNEL_HEAD_DIMS:
         _fail(f"head_dim must be one of {list(KERNEL_HEAD_DIMS)}, got {head_dim}")

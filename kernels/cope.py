@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _program_setup
+from .common import _program_setup, check_dtype_on_gpu
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 
 __all__ = ["cope_backward", "cope_forward", "pick_block"]
@@ -376,6 +376,7 @@ def _check(q, k, v, z, key_mask) -> None:
             f"q, k, v must share one dtype of {[str(d) for d in KERNEL_DTYPES]}, "
             f"got {q.dtype}, {k.dtype}, {v.dtype}"
         )
+    check_dtype_on_gpu(q.dtype, q.device)
     batch, heads, seq, head_dim = q.shape
     if head_dim not in KERNEL_HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {list(KERNEL_HEAD_DIMS)}, got {head_dim}")

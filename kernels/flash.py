@@ -71,6 +71,7 @@ from .common import (
     gpu_arch,
     prepare_launch,
     run_launch,
+    smem_per_block,
 )
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 from .score_bias import GradTiles, tile_slot, tile_slot_count
@@ -1196,6 +1197,37 @@ _CARRY_CONFIGS: dict[tuple[int | None, str, str, str], tuple[int, int, int, int]
     (None, "dq", "16bit-wide", "tables"): (32, 32, 4, 2),
     (None, "dq", "16bit-wide", "bias"): (32, 32, 4, 2),
 }
+# Learners' GPUs with less shared memory per block than an A100: 99 KiB (sm_86 A10 / RTX 30xx,
+# sm_89 L4 / RTX 40xx, sm_120 RTX 50xx) or 64 KiB (sm_75 T4 / RTX 20xx). Keyed (class, kernel,
+# family, carries) and looked up after the GPU's own entries, before the generic ones. The
+# shared memory of each is what `python -m course_lib.gpu_report --archs 86 75` measured on the
+# compiled kernels (a hook can need more than a plain launch: the per-distance table's forward
+# needed 147 KiB at 128 x 64 tiles and 3 stages). On sm_75 Triton 3.9 has no tensor-core path:
+# its dots run on the CUDA cores, whose operand layouts take more shared memory (the dK/dV
+# kernel at 32 x 128 tiles needed 80 KiB there against 40 KiB on sm_86).
+_SMEM_CLASSES: tuple[tuple[int, str], ...] = ((64 * 1024, "64k"), (100 * 1024, "99k"))
+_SMEM_CLASS_CONFIGS: dict[tuple[str, str, str, str], tuple[int, int, int, int]] = {
+    ("99k", "forward", "16bit", "bias"): (64, 64, 4, 2),
+    **{("64k", "forward", "16bit", c): (64, 64, 4, 2) for c in ("plain", "tables", "bias")},
+    **{("64k", "forward", "16bit-wide", c): (64, 32, 4, 2) for c in ("plain", "tables", "bias")},
+    **{("64k", "dkdv", "16bit", c): (32, 64, 4, 2) for c in ("plain", "tables", "bias")},
+    **{("64k", "dq", "16bit", c): (64, 32, 4, 2) for c in ("plain", "tables", "bias")},
+    **{("64k", "dkdv", "16bit-wide", c): (32, 32, 4, 2) for c in ("plain", "tables", "bias")},
+    **{("64k", "dq", "16bit-wide", c): (32, 32, 4, 2) for c in ("plain", "tables", "bias")},
+}
+# A hook whose gradient is per tile gets square tiles of at most this side, by class.
+_SQUARE_LIMIT = {"64k": 32}
+
+
+def smem_class(device: torch.device) -> str | None:
+    """``"64k"`` or ``"99k"`` for a GPU with at most that much shared memory per block, else
+    None (an A100 or larger, or the interpreter)."""
+    limit = smem_per_block(device)
+    if limit == 0:
+        return None
+    return next((name for size, name in _SMEM_CLASSES if limit <= size), None)
+
+
 # In the CPU interpreter the cost is per program step, so blocks are 32-64 wide (and unequal,
 # as on the GPU, so the tests cover the block-boundary logic of each kernel).
 _INTERPRETER_CONFIGS: dict[str, tuple[int, int]] = {
@@ -1217,8 +1249,9 @@ def pick_config(
 ) -> FlashConfig:
     """Block sizes and launch options of one kernel (``"forward"``, ``"dkdv"`` or ``"dq"``) for
     a launch with q/k tables (``tables``) and/or a score-bias hook (``bias``); ``square``: equal
-    query and key blocks (the larger of the two, at most 64 on a GPU), for a hook whose gradient
-    is per tile."""
+    query and key blocks (the larger of the two, at most 64 on a GPU, 32 with 64 KiB of shared
+    memory), for a hook whose gradient is per tile. The GPU's shared memory per block picks
+    smaller tiles where the defaults would not fit (:data:`_SMEM_CLASS_CONFIGS`)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
     arch = gpu_arch(device)
@@ -1232,12 +1265,19 @@ def pick_config(
     else:
         family = "16bit-wide" if head_dim >= 128 else "16bit"
     carries = "bias" if bias else "tables" if tables else "plain"
-    key = (90 if arch == 90 else None, kernel, family, carries)
-    block_m, block_n, num_warps, num_stages = _CARRY_CONFIGS.get(
-        key, _GPU_CONFIGS[(kernel, family)]
+    small = smem_class(device)
+    block_m, block_n, num_warps, num_stages = next(
+        config
+        for config in (
+            _CARRY_CONFIGS.get((arch, kernel, family, carries)) if arch == 90 else None,
+            _SMEM_CLASS_CONFIGS.get((small, kernel, family, carries)),
+            _CARRY_CONFIGS.get((None, kernel, family, carries)) if arch != 90 else None,
+            _GPU_CONFIGS[(kernel, family)],
+        )
+        if config is not None
     )
     if square:  # the larger side, at most 64 (at head_dim 128 the dK/dV accumulators then fit)
-        block_m = block_n = min(max(block_m, block_n), 64)
+        block_m = block_n = min(max(block_m, block_n), _SQUARE_LIMIT.get(small, 64))
     return FlashConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
 
 

@@ -108,6 +108,7 @@ import triton
 import triton.language as tl
 
 from .common import (
+    BF16_MIN_ARCH,
     Launch,
     LaunchArgs,
     _program_setup,
@@ -1566,6 +1567,10 @@ def pick_config(
     if square:
         bwd_shapes = [shape for shape in bwd_shapes if shape[0] == shape[1]]
     size = torch.empty((), dtype=dtype).element_size()
+    if size == 2 and (gpu_arch(device) or 0) < BF16_MIN_ARCH:
+        # before sm_80 Triton has no tensor-core path: 16-bit operands of the CUDA-core
+        # products are widened to float32 in shared memory
+        size = 4
     sides = 1 if causal else 2
     fwd = next(
         ((bm, bn, w, st) for bm, bn, w in fwd_shapes

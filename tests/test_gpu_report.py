@@ -1,11 +1,12 @@
-"""The kernels compile for real GPUs (H100 sm_90, A100 sm_80) and fit their limits, without a GPU;
-the static model's loop finder, bounds and occupancy on synthetic machine code.
+"""The kernels compile for real GPUs (H100 sm_90, and learners' A10 / RTX 30xx sm_86 and T4
+sm_75) and fit their limits, without a GPU; the static model's loop finder, bounds and occupancy
+on synthetic machine code.
 
 ``python -m course_lib.gpu_report --ci`` compiles ahead of time every launch the wrappers issue for
-a subset of variants (bf16, head_dim 64 and 128, both targets; plain attention causal and
+a subset of variants (bf16, fp16 on the T4, head_dim 64 and 128; plain attention causal and
 bidirectional, every score-bias hook in its heaviest combination) and exits 1 on a compile
-error, shared memory over a target's per-block limit, or a 16-bit dot off the tensor cores.
-About 3-4 minutes on 2 cores; skipped where Triton is not installed.
+error, shared memory over a target's per-block limit, or a 16-bit dot off the tensor cores
+where the compiler has them. About 6-8 minutes on 2 cores; skipped where Triton is not installed.
 """
 
 import json
@@ -44,6 +45,32 @@ def test_planned_launches_follow_the_wrappers_configuration():
         stick.pick_config(128, torch.device("meta"), 256, dtype=torch.float32, tables=True)
 
 
+def test_tiles_follow_the_gpus_shared_memory_and_bf16_is_refused_where_it_has_no_tensor_cores():
+    """Learners' GPUs get the tiles their shared memory holds (the CI compile below checks that
+    they fit); on a T4 (sm_75) bf16 is refused with what to use instead, never run silently on
+    the CUDA cores. Planned on meta tensors, as the report does."""
+    from course_lib.gpu_static import variants
+
+    common = variants._module("common")
+    flash = variants._module("flash")
+    cuda = torch.device("cuda")
+    sizes = {}
+    for arch in (90, 80, 86, 75):
+        with common.planned_launches(arch):
+            cfg = flash.pick_config("forward", 64, torch.bfloat16, cuda, tables=True, bias=True)
+            square = flash.pick_config("dkdv", 64, torch.float16, cuda, bias=True, square=True)
+        sizes[arch] = cfg.block_m * cfg.block_n * cfg.num_stages
+        assert square.block_m == square.block_n <= (32 if arch == 75 else 64)
+    assert sizes[90] >= sizes[80] > sizes[86] >= sizes[75]
+    q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16, device="meta")
+    positions = torch.zeros(1, 64, device="meta")
+    with common.planned_launches(75), pytest.raises(TypeError, match="sm_75.*float16"):
+        flash.flash_attention_forward(q, q, q, positions, None, causal=True, scale=0.125)
+    with common.planned_launches(86) as launches:
+        flash.flash_attention_forward(q, q, q, positions, None, causal=True, scale=0.125)
+    assert launches
+
+
 def test_ci_subset_compiles_fits_and_uses_tensor_cores(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", TRITON_DEFAULT_FP_FUSION="1")
     env.pop("TRITON_INTERPRET", None)
@@ -57,12 +84,22 @@ def test_ci_subset_compiles_fits_and_uses_tensor_cores(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     rows = report["compiles"]
     assert rows and all(r["ok"] for r in rows)
-    assert {r["arch"] for r in rows} == {90, 80}
+    # sm_90, and learners' GPUs with 99 KiB (sm_86) and 64 KiB (sm_75) of shared memory
+    assert {r["arch"] for r in rows} == {90, 86, 75}
     assert {r["head_dim"] for r in rows} == {64, 128}
+    # a T4 has no bf16 tensor cores: the wrappers refuse bf16 and say what to use; fp16 instead
+    assert {r["dtype"] for r in rows if r["arch"] == 75} == {"fp16"}
+    (refusal,) = report["refusals"]
+    assert refusal["arch"] == 75 and "float16" in refusal["message"]
+    # this Triton has no tensor-core path for sm_75: said once, not failed per kernel
+    (note,) = report["notes"]
+    assert note.startswith("sm_75:") and "CUDA cores" in note
+    lowering = {90: "wgmma", 86: "mma", 75: "fma"}
     for r in rows:
         assert r["smem"] <= r["smem_limit"], r
         if r["kernel"] != "delta":
-            assert r["fma"] == 0 and r["wgmma" if r["arch"] == 90 else "mma"] > 0, r
+            assert r[lowering[r["arch"]]] > 0, r
+            assert r["arch"] == 75 or r["fma"] == 0, r
     # Every hook present at run time was compiled for every family that takes it.
     for name, hook in registered_hooks().items():
         seen = {r["family"] for r in rows if name in r["features"]}

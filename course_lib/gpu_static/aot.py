@@ -5,8 +5,10 @@ alignment, the ``== 1`` and ``% 16`` integer specialisation), then ``triton.comp
 From the result: dynamic shared memory (Triton's metadata), registers and spill bytes (the ptxas
 Triton uses, same flags, with ``-v``), and the lowering of every ``tl.dot`` read from the TTGIR:
 ``wgmma`` (Hopper warp-group MMA), ``tcgen5`` (Blackwell's tensor-memory MMA, sm_100), ``mma``
-(``mma.sync``, the Ampere path, also sm_75, sm_86, sm_89 and sm_120) or ``fma`` (CUDA cores:
-expected for fp32 with IEEE products, a failure for 16-bit inputs).
+(``mma.sync``, the Ampere path, also sm_86, sm_89 and sm_120) or ``fma`` (CUDA cores:
+expected for fp32 with IEEE products, a failure for 16-bit inputs where the compiler has a
+tensor-core path for the target: :func:`tensor_core_lowering` asks it on a minimal fp16 dot;
+Triton 3.9 has none for sm_75).
 """
 
 from __future__ import annotations
@@ -18,7 +20,19 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["compile_launch", "compile_key", "dot_lowering", "ptxas_usage", "tool_versions"]
+try:
+    import triton.language as tl  # the probe kernel's namespace
+except ImportError:  # no Triton: nothing here can compile
+    tl = None
+
+__all__ = [
+    "compile_launch",
+    "compile_key",
+    "dot_lowering",
+    "ptxas_usage",
+    "tensor_core_lowering",
+    "tool_versions",
+]
 
 
 def _backend(arch: int):
@@ -27,6 +41,34 @@ def _backend(arch: int):
 
     target = GPUTarget("cuda", arch, 32)
     return target, make_backend(target)
+
+
+_PROBE = None
+
+
+def _fp16_dot(A, B, C):  # noqa: N803 - Triton's pointer-argument style
+    r = tl.arange(0, 64)
+    a = tl.load(A + r[:, None] * 64 + r[None, :])
+    b = tl.load(B + r[:, None] * 64 + r[None, :])
+    tl.store(C + r[:, None] * 64 + r[None, :], tl.dot(a, b))
+
+
+def tensor_core_lowering(arch: int) -> bool:
+    """Whether this Triton puts a minimal fp16 ``tl.dot`` (64 x 64 tiles, float32 result) on
+    the tensor cores of ``arch`` (its TTGIR has an MMA layout or op): the kernels cannot do
+    better than the compiler does on a plain product."""
+    global _PROBE
+    import triton
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    if _PROBE is None:  # a compiled function whatever TRITON_INTERPRET says
+        _PROBE = JITFunction(_fp16_dot)
+    target, _ = _backend(arch)
+    signature = {"A": "*fp16", "B": "*fp16", "C": "*fp32"}
+    compiled = triton.compile(ASTSource(fn=_PROBE, signature=signature, constexprs={}), target=target)
+    lowering = dot_lowering(compiled.asm["ttgir"])
+    return lowering["fma"] == 0 and any(lowering.values())
 
 
 def _stand_in(x):
