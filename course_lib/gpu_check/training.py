@@ -20,8 +20,9 @@ __all__ = ["run_training", "short_preset", "training_rows"]
 
 def short_preset(base, steps: int, autocast: str | None = "keep"):
     """``base`` (a :class:`course_lib.compare.presets.Preset`) cut to ``steps`` steps, one
-    seed, causal objective, no ablations or probes, a small final evaluation; ``autocast``
-    replaces the training's autocast dtype unless ``"keep"``."""
+    seed, causal objective, no ablations, probes or learning-rate sweep (the preset's
+    ``train.learning_rate``), a small final evaluation; ``autocast`` replaces the training's
+    autocast dtype unless ``"keep"``."""
     train = replace(
         base.train,
         steps=steps,
@@ -39,10 +40,13 @@ def short_preset(base, steps: int, autocast: str | None = "keep"):
         description=f"{base.description}; cut to {steps} steps for the GPU check",
         train=train,
         probes=(),
-        length_multiples=(1,),
-        bucket_multiples=(1, 2),
-        eval_tokens=min(base.eval_tokens, 4 * train.seq_len * train.eval_batch_size),
-        bucket_eval_tokens=min(base.bucket_eval_tokens, 16 * train.seq_len * 2),
+        learning_rates=(),  # no sweep: the preset's train.learning_rate
+        mlm_learning_rates=None,
+        eval_windows=min(base.eval_windows or 32, 32),
+        mask_draws=1,
+        long_windows=min(base.long_windows or 4, 4),
+        long_mask_draws=1,
+        offset_multiples=(1,),
         mlm_steps=None,
         seeds=(0,),
         ablations=(),
@@ -73,7 +77,7 @@ def training_rows(results: list[dict]) -> list[dict]:
                 first_loss=round(first, 4),
                 last_loss=round(last, 4),
                 final_val_loss=round(val, 4),
-                tokens_per_second=round(metrics.get("tokens_per_second", math.nan)),
+                tokens_per_second=round(metrics.get("tokens_per_second_during_run", 0.0)),
             )
         )
     return rows
