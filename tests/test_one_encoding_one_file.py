@@ -113,5 +113,6 @@ def test_comparison_command_line_runs_it(toy, tmp_path):
     from course_lib.compare import main
 
     main(["--preset", "tiny", "--encodings", NAME, "--objectives", "clm", "--out", str(tmp_path)])
-    results = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    # the runs' results files (besides them: the sittings' log, sessions.json)
+    results = [json.loads(p.read_text()) for p in tmp_path.glob("clm_*_s[0-9]*.json")]
     assert [r["encoding"] for r in results] == [NAME]

@@ -634,7 +634,7 @@ def headline_markdown(results: list[dict]) -> str:
         f"*{far} shifted*: the targets at {far} read with the training length's context, only "
         f"their positions moved; *{far} long*: the same targets inside {results[0]['data']['long_window_length']}-byte "
         "windows (positions and context). Verdicts, ablations and figures in "
-        "`figures/compare_cpu/summary.md`.",
+        f"`figures/compare_{results[0]['preset']}/summary.md` (the preset's default folder).",
         "",
     ]
     for objective in OBJECTIVES:
