@@ -4,7 +4,8 @@
 (``kernels/flash.py``, ``kernels/stick_breaking.py``) issue for the benchmark shape (seq 8192,
 batch 2, heads 2048 / head_dim, projections viewed as ``[batch, heads, seq, head_dim]``) for an
 H100 (sm_90) and an A100 (sm_80) (``--archs`` adds learners' GPUs: sm_75 T4, sm_86 A10 / RTX
-30xx, sm_89 L4 / RTX 40xx, sm_100, sm_120; ``--ci`` compiles sm_90, sm_86 and sm_75), and prints, per compiled kernel: tiles, warps,
+30xx, sm_89 L4 / RTX 40xx, sm_100, sm_120; ``--ci`` compiles sm_90, sm_86 and sm_75), and
+prints, per compiled kernel: tiles, warps,
 stages, registers, spill bytes, shared memory against the per-block limit, how its dots are
 lowered (wgmma / tcgen5 / mma.sync / FMA) and an occupancy estimate; then, from the sm_90
 machine code, the static cost per (query, key) pair of each family's tile loops under two
@@ -477,8 +478,9 @@ def main(argv=None) -> int:
     text += [f"FAIL {f}" for f in rep["failures"]]
     n = len(rep["compiles"])
     text.append(f"{n} kernels compiled in {rep['meta']['seconds']:.0f} s; "
-                + ("RESULT: FAIL" if rep["failures"] else "RESULT: OK (all compile, fit in shared "
-                   "memory, 16-bit dots on tensor cores wherever this Triton has them)"))  # fmt: skip
+                + ("RESULT: FAIL" if rep["failures"] else "RESULT: OK (all compile, fit in "
+                   "shared memory, 16-bit dots on tensor cores wherever this Triton has "
+                   "them)"))  # fmt: skip
     text.append(f"wrote {out.with_suffix('.json')}" + ("" if args.no_figure else " and .png"))
     print("\n".join(text))
     return 1 if rep["failures"] else 0

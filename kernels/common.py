@@ -176,8 +176,8 @@ def gpu_arch(device: torch.device) -> int | None:
 
 # Shared memory one CTA may opt in to, bytes, by compute capability (CUDA's per-block opt-in
 # limits); an unknown GPU is assumed to have the smallest of the current ones.
-SMEM_PER_BLOCK = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
-                  90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}  # fmt: skip
+SMEM_PER_BLOCK = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024,
+                  89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}  # fmt: skip
 
 
 def smem_per_block(device: torch.device) -> int:

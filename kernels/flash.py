@@ -1100,18 +1100,18 @@ def _flash_bwd_dq_kernel(
         mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
     dq1, dq2, rows = _dq_tiles(
-        dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
-        stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1,
-        gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES,
-        BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK,
-        DOT_PRECISION, False, ROW_SUMS,
+        dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
+        stride_kd, stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second,
+        gain_1, gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+        PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL,
+        HAS_MASK, DOT_PRECISION, False, ROW_SUMS,
     )  # fmt: skip
     dq1, dq2, rows = _dq_tiles(
-        dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
-        stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1,
-        gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES,
-        BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK,
-        DOT_PRECISION, True, ROW_SUMS,
+        dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
+        stride_kd, stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second,
+        gain_1, gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+        PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL,
+        HAS_MASK, DOT_PRECISION, True, ROW_SUMS,
     )  # fmt: skip
     if ROW_SUMS:
         tl.store(ROWS + pid_bh * seq_len + offs_m, rows, mask=row_valid)
@@ -1453,8 +1453,8 @@ def flash_attention_backward(
     rows = torch.empty_like(lse) if row_sums else delta
     cfg = configs["dq"]
     run_launch(Launch("dq", _flash_bwd_dq_kernel, (triton.cdiv(seq, cfg.block_m), batch * heads), (
-        q, k, v, grad_out, lse, delta, dq, rows, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain,
-        a.bias_params, *strides, seq, heads, scale, scale * LOG2E,
+        q, k, v, grad_out, lse, delta, dq, rows, positions, a.mask, a.cos, a.sin, a.key_cos,
+        a.key_sin, a.gain, a.bias_params, *strides, seq, heads, scale, scale * LOG2E,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, ROW_SUMS=row_sums, **switches,

@@ -296,7 +296,8 @@ def test_notebooks_run_under_nbval_in_parallel_and_report_failures(tmp_path):
 def test_training_rows_say_whether_a_run_trained():
     def result(arm, losses, val):
         return dict(arm=arm, curves={"train": {"loss": losses}},
-                    metrics={"final_val_loss": val, "tokens_per_second_during_run": 10.0})  # fmt: skip
+                    metrics={"final_val_loss": val,
+                             "tokens_per_second_during_run": 10.0})  # fmt: skip
 
     rows = training.training_rows([
         result("a", [5.0, 4.0], 4.1), result("b", [5.0, 5.5], 5.4), result("c", [5.0, math.nan], 4.0),

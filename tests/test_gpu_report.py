@@ -45,6 +45,17 @@ def test_planned_launches_follow_the_wrappers_configuration():
         stick.pick_config(128, torch.device("meta"), 256, dtype=torch.float32, tables=True)
 
 
+def test_the_kernels_limits_agree_with_the_reports_targets():
+    """``kernels/`` cannot import ``course_lib``, so it keeps its own table of shared memory per
+    block and its own first bf16 architecture: both must say what the report's targets say."""
+    from course_lib.gpu_static import targets, variants
+
+    common = variants._module("common")
+    for arch, gpu in targets.TARGETS.items():
+        assert common.SMEM_PER_BLOCK[arch] == gpu.smem_per_block, arch
+        assert (arch >= common.BF16_MIN_ARCH) == gpu.bf16, arch
+
+
 def test_tiles_follow_the_gpus_shared_memory_and_bf16_is_refused_where_it_has_no_tensor_cores():
     """Learners' GPUs get the tiles their shared memory holds (the CI compile below checks that
     they fit); on a T4 (sm_75) bf16 is refused with what to use instead, never run silently on

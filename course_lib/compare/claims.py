@@ -239,48 +239,40 @@ def plateau_arms(results: list[dict], margin: float = PLATEAU_MARGIN) -> dict[st
 def report_claims(results: list[dict]) -> list[Claim]:
     """The family: the ablation claims and :func:`questions`, each kept when both its arms have
     runs with the metric, and no loss claim on a masked-LM arm that did not leave the plateau."""
-    groups = by_arm(results)
-    stuck = set(plateau_arms(results))
-    kept = []
-    for claim in (*_ablation_claims(), *questions()):
-        arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
-        if claim.objective == "mlm" and METRICS[claim.metric].kind == "loss" and stuck & set(arms):
-            continue
-        if all(
-            any(metric(r, claim.metric) is not None for r in groups.get((claim.objective, a), ()))
-            for a in arms
-        ):
-            kept.append(claim)
-    return list(dict.fromkeys(kept))
+    groups, stuck = by_arm(results), set(plateau_arms(results))
+    claims = dict.fromkeys((*_ablation_claims(), *questions()))
+    return [c for c in claims if _why_untested(c, groups, stuck) is None]
 
 
 def untested_questions(results: list[dict]) -> list[tuple[Claim, str]]:
-    """The declared questions (:func:`questions`) that :func:`report_claims` leaves out, each with why: a masked-LM arm that did not leave the plateau, or a metric the
-    runs themselves record as not applicable (the learned table has no rows past the training
-    length, so its far targets cannot be read), an arm with no runs (a partial run), or a
-    metric the preset does not measure. The summary lists them: a declared question does not
-    vanish silently (and the committed results' test allows only the first two reasons)."""
-    groups = by_arm(results)
-    stuck = set(plateau_arms(results))
-    kept = set(report_claims(results))
-    out = []
-    for claim in dict.fromkeys(questions()):
-        if claim in kept:
-            continue
-        arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
-        if claim.objective == "mlm" and stuck & set(arms):
-            out.append((claim, "an arm did not leave the unigram plateau"))
-            continue
-        absent = [a for a in arms if not groups.get((claim.objective, a))]
-        if absent:  # a partial run (--encodings, --seeds ...)
-            out.append((claim, f"no {claim.objective} runs of {', '.join(absent)}"))
-            continue
-        reasons = [
-            _not_applicable(groups.get((claim.objective, a), ()), claim.metric) for a in arms
-        ]
-        reason = next((r for r in reasons if r), None)
-        out.append((claim, reason or f"the runs have no {claim.metric} (not in this preset)"))
-    return out
+    """The declared questions (:func:`questions`) that :func:`report_claims` leaves out, each
+    with why: a masked-LM arm that did not leave the plateau (loss claims), an arm with no runs
+    (a partial run), a metric the runs record as not applicable (the learned table has no rows
+    past the training length, so its far targets cannot be read), or a metric the preset does
+    not measure. The summary lists them, so a declared question never vanishes silently (the
+    committed results' test allows only the plateau and the not-applicable reasons)."""
+    groups, stuck = by_arm(results), set(plateau_arms(results))
+    return [
+        (claim, why)
+        for claim in dict.fromkeys(questions())
+        if (why := _why_untested(claim, groups, stuck)) is not None
+    ]
+
+
+def _why_untested(claim: Claim, groups: dict, stuck: set) -> str | None:
+    """Why ``claim`` cannot be tested on these runs (None: it can)."""
+    arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
+    if claim.objective == "mlm" and METRICS[claim.metric].kind == "loss" and stuck & set(arms):
+        return "an arm did not leave the unigram plateau"
+    for arm in arms:
+        runs = groups.get((claim.objective, arm), ())
+        if not runs:  # a partial run (--encodings, --seeds ...)
+            return f"no {claim.objective} runs of {arm}"
+        if all(metric(r, claim.metric) is None for r in runs):
+            return _not_applicable(runs, claim.metric) or (
+                f"the runs of {arm} have no {claim.metric} (not in this preset)"
+            )
+    return None
 
 
 def _not_applicable(runs, name: str) -> str | None:

@@ -66,7 +66,8 @@ def tensor_core_lowering(arch: int) -> bool:
         _PROBE = JITFunction(_fp16_dot)
     target, _ = _backend(arch)
     signature = {"A": "*fp16", "B": "*fp16", "C": "*fp32"}
-    compiled = triton.compile(ASTSource(fn=_PROBE, signature=signature, constexprs={}), target=target)
+    source = ASTSource(fn=_PROBE, signature=signature, constexprs={})
+    compiled = triton.compile(source, target=target)
     lowering = dot_lowering(compiled.asm["ttgir"])
     return lowering["fma"] == 0 and any(lowering.values())
 
