@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course_lib.classroom.timings import read_timings
+from course_lib.readme_sections import markers, replace_section, section
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO_ROOT / "notebooks"
 README = REPO_ROOT / "README.md"
-START, END = "<!-- course map: start -->", "<!-- course map: end -->"
+SECTION = "course map"
+START, END = markers(SECTION)
 WORDS_PER_MINUTE = 100
 MINUTES_PER_EXERCISE = 10
 MINUTES_PER_EXPLORER = 5
@@ -182,20 +184,12 @@ def render(link_prefix: str = "notebooks/", suffix: str = ".ipynb") -> str:
 
 
 def readme_section() -> str:
-    return f"{START}\n{render()}\n{END}"
+    return section(SECTION, render())
 
 
 def write_readme() -> bool:
     """Replace README's course map section; returns whether it changed."""
-    text = README.read_text()
-    if START not in text or END not in text:
-        raise ValueError(f"README.md has no course map section ({START} ... {END})")
-    before, rest = text.split(START, 1)
-    after = rest.split(END, 1)[1]
-    new = before + readme_section() + after
-    if new != text:
-        README.write_text(new)
-    return new != text
+    return replace_section(SECTION, render(), README)
 
 
 def main(argv: list[str] | None = None) -> None:

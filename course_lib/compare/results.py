@@ -30,6 +30,7 @@ from course_lib.compare.claims import (
 from course_lib.compare.files import check_result, read_json
 from course_lib.compare.stats import ALPHA, METRICS, MIN_EFFECT, by_arm, spread
 from course_lib.model import OBJECTIVES
+from course_lib.readme_sections import replace_section
 
 #: Version of the result and checkpoint identity; a change makes saved runs count as different.
 FORMAT_VERSION = 3
@@ -656,20 +657,14 @@ def headline_markdown(results: list[dict]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-README_MARKERS = ("<!-- comparison headline: start -->", "<!-- comparison headline: end -->")
+README_SECTION = "comparison headline"
 
 
 def update_readme_headline(results: list[dict], readme: str | Path | None = None) -> Path:
-    """Replace the text between README's :data:`README_MARKERS` by
-    :func:`headline_markdown` of ``results``; returns the README's path."""
+    """Replace README's generated section :data:`README_SECTION` by :func:`headline_markdown`
+    of ``results``; returns the README's path."""
     path = Path(readme) if readme is not None else REPO_ROOT / "README.md"
-    text = path.read_text(encoding="utf-8")
-    start, end = README_MARKERS
-    if start not in text or end not in text:
-        raise ValueError(f"{path} has no {start} ... {end} block to fill")
-    before, rest = text.split(start, 1)
-    _, after = rest.split(end, 1)
-    path.write_text(f"{before}{start}\n{headline_markdown(results)}{end}{after}", encoding="utf-8")
+    replace_section(README_SECTION, headline_markdown(results), path)
     return path
 
 
