@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from course_lib.gpu_static import aot, model, sass, targets, variants
+from course_lib.gpu_static import aot, goals, model, sass, targets, variants
 
 __all__ = ["main", "run_report"]
 
@@ -330,6 +330,24 @@ def model_lines(rep: dict) -> list[str]:
     return lines
 
 
+def goal_lines(rep: dict) -> list[str]:
+    """The speed goals (:mod:`course_lib.gpu_static.goals`), one line per goal and head_dim."""
+    lines = ["speed goals (causal, bf16, sm_90, fwd+bwd; no-overlap bound, the paper's kernel "
+             "on the overlap bound):"]  # fmt: skip
+    for v in goals.judge(rep):
+        if v["value"] is None:
+            lines.append(f"  MISSING {v['goal']} D{v['head_dim']}: not in this report")
+            continue
+        verdict = "met   " if v["met"] else f"MISSED by {v['short_by']:.3f}"
+        lines.append(
+            f"  {verdict} {v['goal']} D{v['head_dim']}: {v['value']:.3f} "
+            f"(goal {v['floor']:.2f}; worst row: {v['row']}, bound {v['bound']})"
+        )
+    for s in goals.loop_spills(rep):
+        lines.append(f"  spills in loop: {s['row']} {s['kernel']}: {s['local']} per iteration")
+    return lines
+
+
 def occupancy_lines(rep: dict) -> list[str]:
     """Per modelled kernel (causal variants): resident CTAs x warps per SM, registers,
     block-wide barriers and spill accesses per iteration, pipelining stages; the tutorial's
@@ -468,7 +486,7 @@ def main(argv=None) -> int:
         text += compile_lines(rep)
     else:
         text += _summary_table(rep)
-    text += ["", *model_lines(rep), "", *occupancy_lines(rep), ""]
+    text += ["", *model_lines(rep), "", *occupancy_lines(rep), "", *goal_lines(rep), ""]
     text += [f"spills > {SPILL_NOTE} B: {s}" for s in rep["spills"]]
     text += [
         f"sm_{r['arch']}: bf16 refused by the wrappers, compiled in fp16 instead: {r['message']}"

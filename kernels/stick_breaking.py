@@ -1501,16 +1501,27 @@ def _forward_stages(limit, bm, bn, head_dim, size, tables) -> int:
     return _fit_stages(limit, stage, _stage_bytes(bn, head_dim, size, False), fixed)
 
 
-def _backward_stages(limit, bm, bn, head_dim, size, tables, sides) -> tuple[int, int]:
+# Blackwell's tensor-memory products (tcgen5, sm_100) read both operands from shared memory:
+# Triton 3.9's pipeliner there keeps more of each stage of the column kernel in shared memory
+# than on Hopper (its causal kernel at head_dim 128, 128x64 tiles, two stages: 279,112 bytes on
+# sm_100, 164,352 on sm_90). A stage is counted 1.5x there, which reproduces that figure.
+_COLS_STAGE_SCALE_TCGEN5 = 1.5
+_TCGEN5_ARCHS = range(100, 110)
+
+
+def _backward_stages(limit, bm, bn, head_dim, size, tables, sides, arch=None) -> tuple[int, int]:
     """Stages of the row and the column kernel. Besides them: q, dO and two triangles (and the
     rotated k, with tables) in the row kernel; k, v, two triangles and the transposed ``dz`` and
     ``A`` in the column kernel, whose loops over the query blocks each get their own stages
-    (one loop per stick: triton 3.9 does not share them on Hopper)."""
+    (one loop per stick: triton 3.9 does not share them on Hopper). On a tcgen5 GPU (``arch``
+    100-109) a column kernel's stage counts 1.5x (:data:`_COLS_STAGE_SCALE_TCGEN5`)."""
     tri = 2 * 2 * bn * bn
     rows_fixed = 2 * bm * head_dim * size + tri + (bn * head_dim * size if tables else 0)
     cols_fixed = 2 * bn * head_dim * size + tri + 2 * bm * bn * size
     rows_stage = _stage_bytes(bn, head_dim, size, tables)
     cols_stage = _stage_bytes(bm, head_dim, size, tables)
+    if arch in _TCGEN5_ARCHS:
+        cols_stage = int(cols_stage * _COLS_STAGE_SCALE_TCGEN5)
     return (
         _fit_stages(limit, rows_stage, _stage_bytes(bn, head_dim, size, False), rows_fixed),
         _fit_stages(
@@ -1551,7 +1562,8 @@ def pick_config(
         size = block or 64
         return StickConfig(size, size, size, 4, 4)
     small = [(64, 64, 4), (32, 32, 4), (16, 16, 4)]
-    hopper = (gpu_arch(device) or 0) >= 90
+    arch = gpu_arch(device)
+    hopper = (arch or 0) >= 90
     if block is not None:
         fwd_shapes = bwd_shapes = [(block, block, 4 if head_dim < 128 or block < 64 else 8)]
     elif hopper:
@@ -1579,7 +1591,7 @@ def pick_config(
     )  # fmt: skip
     bwd = next(
         ((bm, bn, w, st) for bm, bn, w in bwd_shapes
-         if all(st := _backward_stages(limit, bm, bn, head_dim, size, tables, sides))),
+         if all(st := _backward_stages(limit, bm, bn, head_dim, size, tables, sides, arch))),
         None,
     )  # fmt: skip
     if fwd is None or bwd is None:

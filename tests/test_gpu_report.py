@@ -80,6 +80,14 @@ def test_tiles_follow_the_gpus_shared_memory_and_bf16_is_refused_where_it_has_no
     with common.planned_launches(86) as launches:
         flash.flash_attention_forward(q, q, q, positions, None, causal=True, scale=0.125)
     assert launches
+    # Blackwell (sm_100) keeps more of each column-kernel stage in shared memory than Hopper:
+    # two stages of the causal kernel at head_dim 128 would need 279 KiB there (limit 227)
+    stick = variants._module("stick_breaking")
+    stages = {}
+    for arch in (90, 100):
+        with common.planned_launches(arch):
+            stages[arch] = stick.pick_config(128, cuda, dtype=torch.bfloat16).cols_stages
+    assert stages == {90: 2, 100: 1}
 
 
 def test_ci_subset_compiles_fits_and_uses_tensor_cores(tmp_path):
@@ -288,3 +296,66 @@ def test_targets_and_occupancy():
     )
     assert targets.occupancy(t[75], 32, 1024, 8)["limiter"] == "warps"
     assert not targets.occupancy(t[86], 128, 100 * 1024, 4)["smem_ok"]
+
+
+# -- the speed goals and README's section, from a report ------------------------------------------
+
+
+def _modelled(family, features, head_dim, plain_x_no, *, causal=True, local=0, sb=None, work=1.0):
+    e = dict(family=family, features=features, causal=causal, head_dim=head_dim, dtype="bf16",
+             plain_x_no=plain_x_no, plain_x=plain_x_no + 0.1, total_x_no=plain_x_no,
+             total_x=plain_x_no + 0.1, workspace_bwd=work, bounds={"forward": "tc"},
+             occupancy={"forward": dict(ctas=1, warps=8, regs=255, barriers=3, stages=2,
+                                        local=local)})  # fmt: skip
+    if sb is not None:
+        e["sb_total_x"] = sb
+    return e
+
+
+def test_goals_are_judged_on_the_worst_row_and_say_by_how_much_they_miss():
+    from course_lib.gpu_static import goals
+
+    rep = {"model": [
+        _modelled("flash", "plain", 64, 1.0, work=2.0),
+        _modelled("flash", "tables", 64, 0.95),
+        _modelled("flash", "tables", 128, 0.80),
+        _modelled("stick", "tables+gain+linear_distance(grad)", 64, 0.3, sb=1.1, work=3.2),
+        _modelled("stick", "tables+gain+offset_linear_distance(grad)", 64, 0.3, sb=0.9, local=7),
+        _modelled("stick", "plain", 64, 0.5, causal=False, work=4.0),
+    ]}  # fmt: skip
+    rope = [g for g in goals.GOALS if g.rows == (("flash", "tables"),)]
+    verdicts = {v["head_dim"]: v for v in goals.judge(rep, rope)}
+    assert verdicts[64]["met"] and verdicts[64]["short_by"] == 0
+    assert not verdicts[128]["met"] and verdicts[128]["short_by"] == pytest.approx(0.1)
+    (rse,) = [g for g in goals.GOALS if g.metric == "sb_total_x"]
+    v64, v128 = goals.judge(rep, [rse])
+    # the worse of RSE's two penalties decides; a head_dim the report lacks is not "met"
+    assert v64["value"] == 0.9 and "offset" in v64["row"] and not v64["met"]
+    assert v128["value"] is None and not v128["met"]
+    # every goal names rows the report's feature sets produce
+    from course_lib.gpu_static import variants
+
+    labels = {
+        (fam, f.label) for fam in ("flash", "stick") for f in variants.feature_sets(False, fam)
+    }
+    assert {row for g in goals.GOALS for row in g.rows} <= labels
+    (spill,) = goals.loop_spills(rep)
+    assert spill["local"] == 7 and spill["kernel"] == "forward"
+    ratios = {(r["row"], r["causal"]): r["ratio"] for r in goals.workspace_ratios(rep)}
+    assert ratios[("stick tables+gain+linear_distance(grad)", True)] == pytest.approx(1.6)
+    assert ("stick plain", False) not in ratios  # no bidirectional flash row to compare with
+
+
+def test_readme_states_what_the_committed_report_says():
+    """README's static-model section is generated from figures/gpu_report.json, which covers
+    every target and has no failure."""
+    from course_lib.gpu_static import readme, targets
+    from course_lib.readme_sections import README, section
+
+    rep = json.loads(readme.REPORT.read_text())
+    assert section(readme.SECTION, readme.render(rep)) in README.read_text(), (
+        "README's static-model section is out of date: run `python -m course_lib.gpu_static.readme`"
+    )
+    assert {r["arch"] for r in rep["compiles"]} == set(targets.TARGETS)
+    assert not rep["failures"] and all(r["ok"] and r["smem_ok"] for r in rep["compiles"])
+    assert all("error" not in e and "plain_x_no" in e for e in rep["model"])

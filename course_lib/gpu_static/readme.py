@@ -1,0 +1,232 @@
+"""README's "static model" section, generated from a GPU report.
+
+    python -m course_lib.gpu_static.readme                     # from figures/gpu_report.json
+    python -m course_lib.gpu_static.readme --report other.json --print
+
+The section states what the committed ``figures/gpu_report.json`` says and nothing else: the
+targets compiled and whether every launch fits, the static model's ratios under both bounds,
+the speed goals judged on the pessimistic one (:mod:`.goals`), occupancy beside the tutorial's,
+and where kernels spill inside their loops. ``tests/test_gpu_report.py`` checks that README
+holds what the committed report generates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from course_lib.gpu_static import goals, model, targets
+from course_lib.readme_sections import README, replace_section
+
+__all__ = ["SECTION", "render", "write_readme"]
+
+SECTION = "static model"
+REPORT = Path(__file__).resolve().parents[2] / "figures" / "gpu_report.json"
+_FEATURE_NAMES = {
+    "plain": "plain softmax",
+    "tables": "q/k tables (RoPE)",
+}
+
+
+def _name(family: str, features: str, users: dict | None = None) -> str:
+    """``flash: tables, gain, t5_buckets(grad) (t5)``: the kernel family, its features and the
+    encodings that hand the hook to the kernels (``users``: the report's ``hook_users``)."""
+    kernel = "flash" if family == "flash" else "stick-breaking"
+    label = _FEATURE_NAMES.get(features, features.replace("tables+gain+", "tables, gain, "))
+    hook = features.rsplit("+", 1)[-1].removesuffix("(grad)")
+    if users and users.get(hook):
+        label += f" ({', '.join(users[hook])})"
+    return f"{kernel}: {label}"
+
+
+def _ratio(value: float, floor: float, met: bool) -> tuple[str, str]:
+    """A value and its shortfall at 2 decimals, at 3 where 2 would hide a miss."""
+    digits = 3 if not met and round(value, 2) >= floor else 2
+    return f"{value:.{digits}f}", f"{floor - value:.{digits}f}"
+
+
+def _targets_table(rep: dict) -> list[str]:
+    lines = [
+        "| target | shared memory per block | launches | largest request | 16-bit products "
+        "| most spilled |",
+        "|---|---|---|---|---|---|",
+    ]
+    cuda_only = {n.split(":")[0] for n in rep.get("notes", [])}
+    for arch in sorted({r["arch"] for r in rep["compiles"]}, reverse=True):
+        rows = [r for r in rep["compiles"] if r["arch"] == arch]
+        ok = [r for r in rows if r.get("ok")]
+        gpu = targets.TARGETS[arch]
+        biggest = max(ok, key=lambda r: r["smem"])
+        spilled = max(ok, key=lambda r: r["spill_store"])
+        fits = sum(r["smem_ok"] for r in ok)
+        dtypes = "/".join(sorted({r["dtype"] for r in rows}))
+        lowering = "CUDA cores (FMA)" if f"sm_{arch}" in cuda_only else gpu.tensor_cores
+        spill = (f"{spilled['spill_store']:,} B ({spilled['family']} {spilled['kernel']}, "
+                 f"D{spilled['head_dim']})" if spilled["spill_store"] else "none")  # fmt: skip
+        lines.append(
+            f"| sm_{arch} ({gpu.name}) | {gpu.smem_per_block // 1024} KiB | {fits} of "
+            f"{len(rows)} fit ({dtypes}) | {biggest['smem'] / 1024:.0f} KiB | {lowering} "
+            f"| {spill} |"
+        )
+    return lines
+
+
+def _ratio_table(rep: dict) -> list[str]:
+    rows = [e for e in rep["model"] if e["causal"] and e["dtype"] == "bf16" and "error" not in e]
+    users = rep["meta"].get("hook_users")
+    keys = list(dict.fromkeys((e["family"], e["features"]) for e in rows))
+    dims = sorted({e["head_dim"] for e in rows})
+    head = " | ".join(f"head_dim {d}" for d in dims)
+    lines = [f"| causal, bf16, forward + backward | {head} | bound (forward) |",
+             "|---|" + "---|" * len(dims) + "---|"]  # fmt: skip
+    for fam, feat in keys:
+        cells, bound = [], ""
+        for d in dims:
+            (e,) = [
+                r for r in rows if (r["family"], r["features"], r["head_dim"]) == (fam, feat, d)
+            ]
+            cell = f"{e['plain_x_no']:.2f} / {e['plain_x']:.2f}"
+            if fam == "stick":
+                cell += f" (paper's kernel: {e['sb_total_x']:.2f})"
+            cells.append(cell)
+            bound = e["bounds"]["forward"]
+        lines.append(f"| {_name(fam, feat, users)} | " + " | ".join(cells) + f" | {bound} |")
+    tutorial = [r for r in rows if (r["family"], r["features"]) == ("flash", "plain")]
+    cells = [f"{e['total_x_no']:.2f} / {e['total_x']:.2f}" for e in sorted(tutorial,
+             key=lambda e: e["head_dim"])]  # fmt: skip
+    lines.append("| flash: plain softmax **against the tutorial** | " + " | ".join(cells) + " | |")
+    return lines
+
+
+def _goal_lines(rep: dict) -> list[str]:
+    verdicts = goals.judge(rep)
+    met = [v for v in verdicts if v["met"]]
+    missed = [v for v in verdicts if not v["met"]]
+    out = [f"Speed goals, forward + backward, causal, bf16, sm_90, judged on the no-overlap bound "
+           f"(the paper's kernel: overlap bound, the only one it has): {len(met)} of "
+           f"{len(verdicts)} met."]  # fmt: skip
+    for title, group in (("met", met), ("missed", missed)):
+        if not group:
+            continue
+        out.append(f"* **{title}**:")
+        for v in group:
+            if v["value"] is None:
+                out.append(f"  * {v['goal']}, head_dim {v['head_dim']}: not in the report")
+                continue
+            value, short = _ratio(v["value"], v["floor"], v["met"])
+            text = f"  * {v['goal']}, head_dim {v['head_dim']}: {value} (goal {v['floor']:.2f}"
+            out.append(text + (")" if v["met"] else f", short by {short})"))
+    spills = goals.loop_spills(rep)
+    if spills:
+        worst = max(spills, key=lambda s: s["local"])
+        out.append(
+            f"* **no kernel spilling inside its loops: missed** by {len(spills)} modelled "
+            f"kernel(s) on sm_90; most: {worst['row']} {worst['kernel']}, {worst['local']} spill "
+            "loads and stores per iteration (charged in both bounds above)"
+        )
+    else:
+        out.append("* **no kernel spilling inside its loops: met** (sm_90)")
+    ratios = goals.workspace_ratios(rep)
+    if ratios:
+        over = [r for r in ratios if r["ratio"] > 1.5]
+        causal = [r for r in ratios if r["causal"]]
+        worst = max(causal or ratios, key=lambda r: r["ratio"])
+        text = (f"* stick-breaking's backward workspace within 1.5x of flash's at seq "
+                f"{rep['meta']['shape']['seq']}: causal at most {worst['ratio']:.2f}x "
+                f"({worst['row']}, D{worst['head_dim']})")  # fmt: skip
+        if over:
+            o = max(over, key=lambda r: r["ratio"])
+            text += (f"; over it: {len(over)} row(s), most {o['ratio']:.2f}x "
+                     f"({o['row']}, {'causal' if o['causal'] else 'bidirectional'}, "
+                     f"D{o['head_dim']})")  # fmt: skip
+        out.append(text)
+    return out
+
+
+def _occupancy_table(rep: dict) -> list[str]:
+    h100 = targets.TARGETS[90]
+    lines = ["| sm_90, causal | head_dim | per kernel: CTAs x warps per SM, registers, barriers "
+             "and spill accesses per loop iteration, stages |", "|---|---|---|"]  # fmt: skip
+
+    def cell(name: str, f: dict) -> str:
+        text = f"{name} {f['ctas']}x{f['warps']}w {f['regs']}r {f['barriers']}bar {f['stages']}st"
+        return text + (f" {f['local']}spill" if f.get("local") else "")
+
+    for d, passes in model.ANCHOR_OCCUPANCY.items():
+        parts = [cell(name, dict(f, ctas=targets.occupancy(h100, f["regs"], f["smem"],
+                                                            f["warps"])["ctas"]))
+                 for name, f in passes.items()]  # fmt: skip
+        lines.append(f"| Triton tutorial (fp16) | {d} | " + "; ".join(parts) + " |")
+    for e in rep["model"]:
+        if "error" in e or not e["causal"] or e["dtype"] != "bf16":
+            continue
+        parts = [cell(k, f) for k, f in e["occupancy"].items()]
+        name = _name(e["family"], e["features"], rep["meta"].get("hook_users"))
+        lines.append(f"| {name} | {e['head_dim']} | "
+                     + "; ".join(parts) + " |")  # fmt: skip
+    return lines
+
+
+def render(rep: dict) -> str:
+    """The section's Markdown from a report (the JSON ``python -m course_lib.gpu_report``
+    writes)."""
+    meta = rep["meta"]
+    n, failures = len(rep["compiles"]), rep["failures"]
+    verdict = (f"**{len(failures)} failure(s)**" if failures else "every launch compiles and fits "
+               "its target's shared memory, and every 16-bit product is on the tensor cores "
+               "wherever this Triton has a tensor-core path")  # fmt: skip
+    out = [
+        f"`figures/gpu_report.json` ({meta['tools']}; no GPU used, no time measured): {n} "
+        f"launches compiled; {verdict}.",
+        "",
+        *_targets_table(rep),
+        "",
+    ]
+    for r in rep.get("refusals", []):
+        out.append(f"On sm_{r['arch']} the wrappers refuse bf16: \"{r['message']}\"")
+    for note in rep.get("notes", []):
+        out.append(f"Note, {note}.")
+    if rep.get("refusals") or rep.get("notes"):
+        out.append("")
+    out += [
+        "The static model (sm_90 machine code of every tile loop, instructions against nominal "
+        "H100 throughputs, in-loop spill traffic charged; ratios, not speeds): the course's "
+        "plain flash attention's cycles per (query, key) pair over each kernel's, "
+        "**no-overlap bound / overlap bound** (1.00: as fast as plain flash by this model; "
+        "higher is faster). Tensor cores and the other units take turns under the first, "
+        "overlap perfectly under the second; a GPU lands between them.",
+        "",
+        *_ratio_table(rep),
+        "",
+        *_goal_lines(rep),
+        "",
+        "<details><summary>Occupancy beside the tutorial's</summary>",
+        "",
+        *_occupancy_table(rep),
+        "",
+        "</details>",
+    ]
+    return "\n".join(out)
+
+
+def write_readme(report: str | Path = REPORT, readme: str | Path = README) -> bool:
+    """Rewrite README's section from ``report``; returns whether README changed."""
+    rep = json.loads(Path(report).read_text())
+    return replace_section(SECTION, render(rep), readme)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--report", default=str(REPORT), help="the report's JSON")
+    p.add_argument("--print", action="store_true", help="print the section, change nothing")
+    args = p.parse_args(argv)
+    if args.print:
+        print(render(json.loads(Path(args.report).read_text())))
+    else:
+        changed = write_readme(args.report)
+        print("README.md updated" if changed else "README.md already up to date")
+
+
+if __name__ == "__main__":
+    main()
