@@ -2,6 +2,11 @@
 
 Notebook kernels inherit this process's environment: figures go to a temporary folder (the
 committed ones in figures/ stay untouched) and exercise cells use the worked solutions.
+
+The run uses every core (``-n auto --dist loadfile`` in pyproject.toml: each test file and each
+notebook stays on one worker, in order, which nbval needs). Files are handed out in collection
+order, so the slowest go first (:data:`SLOWEST_FIRST`): a long file started last would keep one
+worker busy after the others have finished. ``-n 0`` runs in one process (for ``--pdb``).
 """
 
 import os
@@ -10,3 +15,17 @@ import tempfile
 os.environ.setdefault("COURSE_OUTPUT_DIR", tempfile.mkdtemp(prefix="course-test-output-"))
 os.environ["COURSE_SOLUTIONS"] = "1"
 os.environ.setdefault("TQDM_DISABLE", "1")
+
+# The files that take longest on a 2-core CPU (the CI compile of three GPU targets; JupyterLab
+# in a browser), started first.
+SLOWEST_FIRST = ("tests/test_gpu_report.py", "tests/test_browser.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Move the tests of :data:`SLOWEST_FIRST` to the front, keeping every file's own order."""
+
+    def rank(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return SLOWEST_FIRST.index(path) if path in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    items.sort(key=rank)

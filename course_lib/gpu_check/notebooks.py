@@ -56,7 +56,8 @@ def run_notebooks(
         while pending and len(running) < max(1, workers):
             path = pending.pop(0)
             log = tempfile.TemporaryFile("w+", encoding="utf-8")
-            cmd = [sys.executable, "-m", "pytest", str(path.relative_to(root)), "-q"]
+            # one process per notebook (it runs several notebooks side by side itself)
+            cmd = [sys.executable, "-m", "pytest", str(path.relative_to(root)), "-q", "-n", "0"]
             proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
             running[path] = (proc, time.perf_counter(), log)
         time.sleep(0.5)
