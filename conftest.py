@@ -3,10 +3,11 @@
 Notebook kernels inherit this process's environment: figures go to a temporary folder (the
 committed ones in figures/ stay untouched) and exercise cells use the worked solutions.
 
-The run uses every core, up to 4 (``-n auto --maxprocesses 4 --dist loadfile`` in pyproject.toml:
-each test file and each notebook stays on one worker, in order, which nbval needs). Files are handed out in collection
-order, so the slowest go first (:data:`SLOWEST_FIRST`): a long file started last would keep one
-worker busy after the others have finished. ``-n 0`` runs in one process (for ``--pdb``).
+The run uses every core, up to 4 (``-n auto --maxprocesses 4 --dist loadfile`` in
+pyproject.toml: each test file and each notebook stays on one worker, in order, which nbval
+needs). Files are handed out in collection order, so the slowest go first
+(:data:`SLOWEST_FIRST`): a long file started last would keep one worker busy after the others
+have finished. ``-n 0`` runs in one process (for ``--pdb``).
 """
 
 import os

@@ -352,29 +352,16 @@ def occupancy_lines(rep: dict) -> list[str]:
     """Per modelled kernel (causal variants): resident CTAs x warps per SM, registers,
     block-wide barriers and spill accesses per iteration, pipelining stages; the tutorial's
     kernels first, compiled the same way."""
-    h100 = targets.TARGETS[90]
     lines = ["occupancy on sm_90, causal (CTAs x warps per SM, registers, block-wide barriers "
-             "and spill loads/stores per iteration of the busiest loop, stages)"]  # fmt: skip
-
-    def cell(f: dict) -> str:
-        text = (f"{f['ctas']}x{f['warps']}w {f['regs']}r {f['barriers']}bar "
-                f"{f['stages']}st")  # fmt: skip
-        if f.get("local"):
-            text += f" {f['local']}spill"
-        if f.get("nested"):
-            text += f" {f['nested']}nested"
-        return text
-
-    for d, passes in model.ANCHOR_OCCUPANCY.items():
-        parts = []
-        for name, f in passes.items():
-            occ = targets.occupancy(h100, f["regs"], f["smem"], f["warps"])
-            parts.append(f"{name} " + cell(dict(f, ctas=occ["ctas"])))
+             "and spill loads/stores per iteration of the busiest loop, stages, nested "
+             "loops)"]  # fmt: skip
+    for d, passes in model.anchor_facts().items():
+        parts = [f"{name} {model.occupancy_cell(f)}" for name, f in passes.items()]
         lines.append(f"  {'tutorial':44} D{d:<3} " + "; ".join(parts))
     for e in rep["model"]:
         if "error" in e or not e["causal"]:
             continue
-        parts = [f"{k} {cell(f)}" for k, f in e["occupancy"].items()]
+        parts = [f"{k} {model.occupancy_cell(f)}" for k, f in e["occupancy"].items()]
         lines.append(f"  {e['family'] + ' ' + e['features']:44} D{e['head_dim']:<3} {e['dtype']} "
                      + "; ".join(parts))  # fmt: skip
     return lines

@@ -47,13 +47,17 @@ def test_planned_launches_follow_the_wrappers_configuration():
 
 def test_the_kernels_limits_agree_with_the_reports_targets():
     """``kernels/`` cannot import ``course_lib``, so it keeps its own table of shared memory per
-    block and its own first bf16 architecture: both must say what the report's targets say."""
+    block, its own first bf16 architecture and its tcgen5 architectures: all must say what the
+    report's targets say."""
     from course_lib.gpu_static import targets, variants
 
     common = variants._module("common")
+    stick = variants._module("stick_breaking")
     for arch, gpu in targets.TARGETS.items():
         assert common.SMEM_PER_BLOCK[arch] == gpu.smem_per_block, arch
         assert (arch >= common.BF16_MIN_ARCH) == gpu.bf16, arch
+        # stick-breaking sizes its column kernel's stages for Blackwell's tensor-memory products
+        assert (arch in stick._TCGEN5_ARCHS) == (gpu.tensor_cores == "tcgen5"), arch
 
 
 def test_tiles_follow_the_gpus_shared_memory_and_bf16_is_refused_where_it_has_no_tensor_cores():

@@ -36,13 +36,17 @@ many. These are static estimates, not times.
 
 from __future__ import annotations
 
+from course_lib.gpu_static import targets
+
 __all__ = [
     "ANCHORS",
     "ANCHOR_OCCUPANCY",
+    "anchor_facts",
     "BOUNDS",
     "SB_REFERENCE",
     "kernel_cost",
     "kernel_facts",
+    "occupancy_cell",
     "pair_costs",
     "relative_to_plain",
 ]
@@ -149,6 +153,27 @@ def kernel_facts(row: dict) -> dict:
         warps_per_sm=row["warps_per_sm"], barriers=busiest.get("barriers", 0),
         local=busiest.get("local", 0), nested=sum(len(lp.get("nested", [])) for lp in loops),
     )  # fmt: skip
+
+
+def anchor_facts() -> dict[int, dict[str, dict]]:
+    """:data:`ANCHOR_OCCUPANCY` with ``ctas``, the tutorial's resident CTAs per SM on sm_90
+    (:func:`.targets.occupancy`), per head_dim and pass."""
+    h100 = targets.TARGETS[90]
+    return {
+        d: {name: dict(f, ctas=targets.occupancy(h100, f["regs"], f["smem"], f["warps"])["ctas"])
+            for name, f in passes.items()}
+        for d, passes in ANCHOR_OCCUPANCY.items()
+    }  # fmt: skip
+
+
+def occupancy_cell(facts: dict) -> str:
+    """``1x8w 255r 7bar 2st 12spill 2nested``: resident CTAs x warps per SM, registers,
+    block-wide barriers per iteration, stages, spill accesses per iteration and nested loops
+    (the last two only when present), from :func:`kernel_facts` or :func:`anchor_facts`."""
+    f = facts
+    text = f"{f['ctas']}x{f['warps']}w {f['regs']}r {f['barriers']}bar {f['stages']}st"
+    text += f" {f['local']}spill" if f.get("local") else ""
+    return text + (f" {f['nested']}nested" if f.get("nested") else "")
 
 
 def relative_to_plain(entries: list[dict]) -> None:

@@ -46,13 +46,18 @@ def _ratio(value: float, floor: float, met: bool) -> tuple[str, str]:
     return f"{value:.{digits}f}", f"{floor - value:.{digits}f}"
 
 
+def _lowering(rows: list[dict]) -> str:
+    """How a target's 16-bit products were compiled, from its rows' instruction counts."""
+    kinds = [k for k in ("wgmma", "tcgen5", "mma") if any(r.get(k) for r in rows)]
+    return "/".join(kinds) or "CUDA cores (FMA)"
+
+
 def _targets_table(rep: dict) -> list[str]:
     lines = [
         "| target | shared memory per block | launches | largest request | 16-bit products "
         "| most spilled |",
         "|---|---|---|---|---|---|",
     ]
-    cuda_only = {n.split(":")[0] for n in rep.get("notes", [])}
     for arch in sorted({r["arch"] for r in rep["compiles"]}, reverse=True):
         rows = [r for r in rep["compiles"] if r["arch"] == arch]
         ok = [r for r in rows if r.get("ok")]
@@ -61,7 +66,7 @@ def _targets_table(rep: dict) -> list[str]:
         spilled = max(ok, key=lambda r: r["spill_store"])
         fits = sum(r["smem_ok"] for r in ok)
         dtypes = "/".join(sorted({r["dtype"] for r in rows}))
-        lowering = "CUDA cores (FMA)" if f"sm_{arch}" in cuda_only else gpu.tensor_cores
+        lowering = _lowering(ok)
         spill = (f"{spilled['spill_store']:,} B ({spilled['family']} {spilled['kernel']}, "
                  f"D{spilled['head_dim']})" if spilled["spill_store"] else "none")  # fmt: skip
         lines.append(
@@ -145,26 +150,18 @@ def _goal_lines(rep: dict) -> list[str]:
 
 
 def _occupancy_table(rep: dict) -> list[str]:
-    h100 = targets.TARGETS[90]
     lines = ["| sm_90, causal | head_dim | per kernel: CTAs x warps per SM, registers, barriers "
-             "and spill accesses per loop iteration, stages |", "|---|---|---|"]  # fmt: skip
-
-    def cell(name: str, f: dict) -> str:
-        text = f"{name} {f['ctas']}x{f['warps']}w {f['regs']}r {f['barriers']}bar {f['stages']}st"
-        return text + (f" {f['local']}spill" if f.get("local") else "")
-
-    for d, passes in model.ANCHOR_OCCUPANCY.items():
-        parts = [cell(name, dict(f, ctas=targets.occupancy(h100, f["regs"], f["smem"],
-                                                            f["warps"])["ctas"]))
-                 for name, f in passes.items()]  # fmt: skip
+             "and spill accesses per loop iteration, stages, nested loops |",
+             "|---|---|---|"]  # fmt: skip
+    for d, passes in model.anchor_facts().items():
+        parts = [f"{name} {model.occupancy_cell(f)}" for name, f in passes.items()]
         lines.append(f"| Triton tutorial (fp16) | {d} | " + "; ".join(parts) + " |")
     for e in rep["model"]:
         if "error" in e or not e["causal"] or e["dtype"] != "bf16":
             continue
-        parts = [cell(k, f) for k, f in e["occupancy"].items()]
+        parts = [f"{k} {model.occupancy_cell(f)}" for k, f in e["occupancy"].items()]
         name = _name(e["family"], e["features"], rep["meta"].get("hook_users"))
-        lines.append(f"| {name} | {e['head_dim']} | "
-                     + "; ".join(parts) + " |")  # fmt: skip
+        lines.append(f"| {name} | {e['head_dim']} | " + "; ".join(parts) + " |")
     return lines
 
 
