@@ -211,10 +211,14 @@ def run_report(args) -> dict:
             continue
         entry = dict(v.to_dict(), workspace_bwd=work)
         try:
-            per_kernel, bounds, facts = {}, {}, {}
+            per_kernel, bounds, facts, passes = {}, {}, {}, {}
+            elem = variants.DTYPES[v.dtype].itemsize
             for name, key, tiles in refs:
                 r = results[key]
-                if name == "delta":
+                if name in model.PER_TOKEN_PASSES:  # no inner loop: the bytes it moves
+                    passes[name] = model.token_pass_cost(
+                        name, v.head_dim, elem, v.causal, variants.BENCH_SEQ
+                    )
                     continue
                 if not r.get("ok"):
                     raise ValueError(f"{name} did not compile")
@@ -223,7 +227,8 @@ def run_report(args) -> dict:
                 per_kernel[name], bounds[name] = c, b
                 facts[name] = model.kernel_facts(compiles[index[key]])
             entry.update(model.pair_costs(v.family, per_kernel, v.head_dim), kernels=per_kernel,
-                         bounds=bounds, occupancy=facts)  # fmt: skip
+                         bounds=bounds, occupancy=facts, passes=sum(passes.values()),
+                         pass_costs=passes)  # fmt: skip
             entry["launchable"] = all(compiles[index[k]].get("smem_ok") for _, k, _ in refs)
         except (ValueError, KeyError) as exc:
             entry["error"] = str(exc)
