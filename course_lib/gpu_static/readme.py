@@ -186,9 +186,13 @@ def render(rep: dict) -> str:
         out.append(f"Note, {note}.")
     if rep.get("refusals") or rep.get("notes"):
         out.append("")
+    passes = any("passes" in e for e in rep["model"])
     out += [
         "The static model (sm_90 machine code of every tile loop, instructions against nominal "
-        "H100 throughputs, in-loop spill traffic charged; ratios, not speeds): the course's "
+        "H100 throughputs, in-loop spill traffic charged"
+        + ("; per-token passes, such as the q/k transform before the loops and the backward's "
+           "delta, charged as the DRAM bytes they move" if passes else "")
+        + "; ratios, not speeds): the course's "
         "plain flash attention's cycles per (query, key) pair over each kernel's, "
         "**no-overlap bound / overlap bound** (1.00: as fast as plain flash by this model; "
         "higher is faster). Tensor cores and the other units take turns under the first, "
