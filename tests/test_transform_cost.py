@@ -27,3 +27,14 @@ def test_the_committed_gpu_rows_are_read_as_measured():
     assert all(r["ms"] > 0 for r in rows)
     with pytest.raises(ValueError, match="no forward"):
         measured_rows(seq=12345)
+
+
+def test_the_passes_share_of_plain_attention_halves_when_the_sequence_doubles():
+    from course_lib.teaching.transform_cost import pass_share
+
+    for head_dim in (64, 128):
+        share = pass_share(4096, head_dim)
+        assert 0 < share < 1
+        assert pass_share(8192, head_dim) == pytest.approx(share / 2)
+    with pytest.raises(ValueError, match="no plain flash row"):
+        pass_share(4096, head_dim=32)

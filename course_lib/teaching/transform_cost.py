@@ -16,9 +16,20 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["GPU_CHECK", "LoopRotations", "loop_rotations", "measured_rows", "print_measured"]
+__all__ = [
+    "GPU_CHECK",
+    "GPU_REPORT",
+    "LoopRotations",
+    "loop_rotations",
+    "measured_rows",
+    "pass_share",
+    "print_measured",
+]
 
-GPU_CHECK = Path(__file__).resolve().parents[2] / "figures" / "gpu_check" / "nvidia_h200.json"
+FIGURES = Path(__file__).resolve().parents[2] / "figures"
+GPU_CHECK = FIGURES / "gpu_check" / "nvidia_h200.json"
+GPU_REPORT = FIGURES / "gpu_report.json"
+TRANSFORM_PASSES = ("encode_q", "encode_k", "decode_q", "decode_k")
 
 
 @dataclass(frozen=True)
@@ -83,3 +94,26 @@ def print_measured(path: Path = GPU_CHECK, seq: int = 4096, head_dim: int = 64) 
     )
     for r in measured_rows(path, seq, head_dim):
         print(f"  {r['method']:<8} {r['contender']:<17} {r['ms']:6.2f} ms")
+
+
+def pass_share(seq: int, head_dim: int = 64, causal: bool = True, path: Path = GPU_REPORT) -> float:
+    """A static estimate (no GPU): the q/k transform's passes (encode q and k, decode their
+    gradients) over plain flash attention's loops, forward + backward, bf16, at ``seq`` tokens.
+
+    The loops' cycles per (query, key) pair are the committed report's plain flash row
+    (``figures/gpu_report.json``, sm_90, no-overlap bound); the passes' are the bytes they move
+    over an H100's DRAM bandwidth (:func:`course_lib.gpu_static.model.token_pass_cost`). Per
+    pair, a pass costs less the longer the sequence: its bytes grow with ``seq``, the pairs
+    with ``seq^2``."""
+    from course_lib.gpu_static import model
+
+    rows = [
+        e for e in json.loads(Path(path).read_text())["model"]
+        if e["family"] == "flash" and e["features"] == "plain" and e["causal"] == causal
+        and e["head_dim"] == head_dim and e["dtype"] == "bf16" and "error" not in e
+    ]  # fmt: skip
+    if not rows:
+        raise ValueError(f"{path} has no plain flash row for head_dim {head_dim}, bf16")
+    loops = rows[0]["fwd_no"] + rows[0]["bwd_no"]
+    passes = sum(model.token_pass_cost(n, head_dim, 2, causal, seq) for n in TRANSFORM_PASSES)
+    return passes / loops
