@@ -590,7 +590,9 @@ def test_the_committed_gpu_reports_and_readme_quote_no_flex_figure_that_fails_th
 def test_the_compiled_flex_baseline_agrees_with_the_reference_on_a_cpu():
     """The baseline as the GPU run builds it (torch.compile, fullgraph, the causal BlockMask),
     compiled for the CPU by Inductor: plain causal attention (the sanity row), ALiBi (its slope
-    form) and T5 (its table) give what ``attention(method=...)`` gives."""
+    form) and T5 (its table) give what ``attention(method=...)`` gives. The forward only:
+    FlexAttention has no backward on a CPU (it raises NotImplementedError for inputs that
+    require grad)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from course_lib.attention import attention
