@@ -13,12 +13,14 @@ head_dim for one ratio of the model:
 A goal over several rows is judged on the worst of them. Two goals are not ratios: no kernel
 spills inside its loops (:func:`loop_spills`), and stick-breaking's backward workspace stays
 within 1.5x of flash's (:func:`workspace_ratios`). The model is static: a met goal says the
-machine code leaves room for that speed, not that a GPU reached it.
+machine code leaves room for that speed, not that a GPU reached it. ``judge(...,
+calibrated=params)`` judges the ``plain_x_no`` goals on ``plain_x_cal``, the model calibrated
+against an H200's measured times (:mod:`.calibrate`), instead.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["GOALS", "Goal", "judge", "loop_spills", "workspace_ratios"]
 
@@ -77,11 +79,23 @@ def _rows(rep: dict, family: str, features: str, head_dim: int) -> list[dict]:
     ]  # fmt: skip
 
 
-def judge(rep: dict, goals=GOALS) -> list[dict]:
+def judge(rep: dict, goals=GOALS, calibrated: dict | None = None) -> list[dict]:
     """One verdict per (goal, head_dim): ``goal``, ``head_dim``, ``value`` (the worst row's
     ratio), ``floor``, ``met``, ``short_by`` (floor - value, 0 when met), ``row`` (the worst
     row's features) and ``bound`` (its forward's busiest classes). A goal whose rows the report
-    lacks is reported with ``value`` None and ``met`` False."""
+    lacks is reported with ``value`` None and ``met`` False.
+
+    ``calibrated``: parameters of :mod:`.calibrate` (e.g. ``calibrate.committed_params()``):
+    the goals on ``plain_x_no`` are judged on ``plain_x_cal`` instead, the model calibrated
+    against a GPU's times (:func:`.calibrate.apply`, on a copy of the report's rows)."""
+    if calibrated is not None:
+        from course_lib.gpu_static import calibrate
+
+        rep = dict(rep, model=[dict(e) for e in rep["model"]])
+        calibrate.apply(rep, calibrated)
+        goals = tuple(
+            replace(g, metric="plain_x_cal") if g.metric == "plain_x_no" else g for g in goals
+        )
     out = []
     for goal in goals:
         for d, floor in goal.floors.items():
