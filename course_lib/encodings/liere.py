@@ -19,6 +19,12 @@ giving each block its own scale (a course decision) keeps the parameters indepen
 ``head_dim`` (``2 * b * b`` per head) and makes the blocks see positions at several scales from
 the first step. ``b = 4`` by default: the smallest even block whose rotations need not commute
 (``2 x 2`` rotations always do), at ``b`` multiply-adds per channel and token (RoPE: 2).
+
+The rotation depends on the position alone, so :func:`apply_block_rotation` computes
+``matrix_exp`` once per distinct position (and head and block), whatever the batch (positions
+shared by the batch: ``seq`` of them per head, not ``batch * seq``), gathers them to the tokens
+and applies them as one batched product. The generators do not commute, so there is no shared
+basis to rotate in (ComRoPE's shortcut, :mod:`.comrope`).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ __all__ = [
     "check_liere_params",
     "LieREAttention",
     "LIERE_BLOCK_SIZE",
+    "distinct_positions",
+    "gather_positions",
+    "apply_blocks",
 ]
 
 LIERE_BLOCK_SIZE = 4
@@ -156,17 +165,49 @@ def apply_block_rotation(
     m = dim // b
     dt = _compute_dtype(x, generators)
     w = block_scales(m, base).to(device=x.device, dtype=dt)  # [m]
-    c = coords.to(dt)
-    if coords.dim() == 3:
-        c = c[:, None]  # [batch, 1, seq, n]: the same for every head
-    scaled = c[..., None, :] * w[:, None]  # [..., seq, m, n]
     g = generators.to(dt)
     if g.dim() == 4:
-        g = g[:, None, None]  # [heads, 1 (seq), 1 (block), n, b, b]
-    rotation = lie_rotation(scaled, g)  # [..., seq, m, b, b]
+        g = g[:, None, None]  # [heads, 1 (position), 1 (block), n, b, b]
+    # one matrix_exp per distinct position (per head), gathered to the tokens
+    unique, inverse = distinct_positions(coords)  # [U, n], [tokens]
+    scaled = unique.to(dt)[:, None, :] * w[:, None]  # [U, m, n]
+    rotation = lie_rotation(scaled, g)  # [(heads,) U, m, b, b]
+    rotation = gather_positions(rotation, inverse, coords, per_head=generators.dim() == 4)
     blocks = x.to(dt).reshape(*x.shape[:-1], m, b)  # [..., seq, m, b]
-    out = (rotation @ blocks[..., None])[..., 0]  # [..., seq, m, b]
-    return out.reshape(x.shape).to(x.dtype)
+    return apply_blocks(rotation, blocks).reshape(x.shape).to(x.dtype)
+
+
+def distinct_positions(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``coords`` ``[..., seq, n]`` -> ``(unique [U, n], inverse [tokens])`` with
+    ``unique[inverse]`` the flattened coordinates: a transform of the position alone is computed
+    ``U`` times (once per distinct position, whatever the batch) and gathered. Coordinates that
+    require grad, or meta tensors (shapes only), are kept as they are (``U`` = every token)."""
+    flat = coords.reshape(-1, coords.shape[-1])
+    if coords.requires_grad or coords.device.type == "meta":
+        return flat, torch.arange(flat.shape[0], device=flat.device)
+    unique, inverse = torch.unique(flat, dim=0, return_inverse=True)
+    return unique, inverse.reshape(-1)
+
+
+def gather_positions(
+    table: torch.Tensor, inverse: torch.Tensor, coords: torch.Tensor, *, per_head: bool
+) -> torch.Tensor:
+    """A table ``[(heads,) U, *rest]`` of one entry per distinct position -> one per token,
+    shaped to broadcast against ``x`` ``[(batch, heads,) seq, ...]``: ``[(heads,) seq, *rest]``
+    for ``coords`` ``[seq, n]``, ``[batch, heads or 1, seq, *rest]`` for ``[batch, seq, n]``."""
+    lead = 1 if per_head else 0
+    rest = table.shape[lead + 1 :]
+    tokens = table.index_select(lead, inverse)  # [(heads,) tokens, *rest]
+    tokens = tokens.reshape(*table.shape[:lead], *coords.shape[:-1], *rest)
+    if coords.dim() == 3:  # [(heads,) batch, seq, *rest] -> [batch, heads or 1, seq, *rest]
+        tokens = tokens.movedim(0, 1) if per_head else tokens.unsqueeze(1)
+    return tokens
+
+
+def apply_blocks(rotation: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """``rotation [..., m, b, b] @ blocks [..., m, b]`` over broadcast leading axes: one batched
+    product (``einsum`` contracts without copying the rotations once per batch row)."""
+    return torch.einsum("...ij,...j->...i", rotation, blocks)
 
 
 # -- hooks of the registry record ----------------------------------------------------------------
