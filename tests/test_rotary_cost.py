@@ -13,7 +13,13 @@ from course_lib.encodings.comrope_ap import (
     comrope_ap_generators,
 )
 from course_lib.encodings.comrope_ld import comrope_ld_generators
-from course_lib.encodings.liere import apply_block_rotation, block_scales, lie_rotation
+from course_lib.encodings.liere import (
+    apply_block_rotation,
+    block_scales,
+    lie_rotation,
+    skew4_exp,
+    skew_part,
+)
 
 F64 = torch.float64
 
@@ -65,13 +71,29 @@ def leaf(*shape, seed=0, scale=1.0):
     return (torch.randn(*shape, generator=g, dtype=F64) * scale).requires_grad_()
 
 
+@pytest.mark.parametrize("scale", [0.0, 1e-5, 1e-2, 1.0, 30.0])
+def test_the_closed_form_of_4x4_rotations_is_matrix_exp(scale):
+    """Forward and gradient (through the skew part), tiny and zero generators included."""
+    g = leaf(64, 4, 4, seed=8, scale=scale)
+    torch.testing.assert_close(skew4_exp(skew_part(g)), torch.linalg.matrix_exp(skew_part(g)),
+                               rtol=1e-12, atol=1e-12)  # fmt: skip
+    weight = torch.randn(64, 4, 4, generator=torch.Generator().manual_seed(9), dtype=F64)
+    (got,) = torch.autograd.grad((skew4_exp(skew_part(g)) * weight).sum(), g)
+    (want,) = torch.autograd.grad((torch.linalg.matrix_exp(skew_part(g)) * weight).sum(), g)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    single = skew4_exp(skew_part(g.detach().float()))
+    torch.testing.assert_close(single.double(), torch.linalg.matrix_exp(skew_part(g.detach())),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("case", ["shared", "batch_of_one", "per_row", "grid"])
 @pytest.mark.parametrize("per_head", [True, False])
-def test_liere_once_per_position_is_the_per_token_formula(n, case, per_head):
+@pytest.mark.parametrize("b", [2, 4])
+def test_liere_once_per_position_is_the_per_token_formula(n, case, per_head, b):
     coords = coords_cases(9, n, 3)[case]
     x = leaf(3, 2, 9, 8, seed=1)
-    generators = leaf(*((2,) if per_head else ()), n, 4, 4, seed=2, scale=0.5)
+    generators = leaf(*((2,) if per_head else ()), n, b, b, seed=2, scale=0.5)
     assert_same_with_grads(
         lambda: apply_block_rotation(x, coords, generators),
         lambda: per_token_rotation(x, coords, generators),
