@@ -228,7 +228,8 @@ def run_report(args) -> dict:
                 facts[name] = model.kernel_facts(compiles[index[key]])
             entry.update(model.pair_costs(v.family, per_kernel, v.head_dim), kernels=per_kernel,
                          bounds=bounds, occupancy=facts, passes=sum(passes.values()),
-                         pass_costs=passes)  # fmt: skip
+                         pass_costs=passes,
+                         compile_rows={name: index[key] for name, key, _ in refs})  # fmt: skip
             entry["launchable"] = all(compiles[index[k]].get("smem_ok") for _, k, _ in refs)
         except (ValueError, KeyError) as exc:
             entry["error"] = str(exc)

@@ -1510,14 +1510,21 @@ def _forward_stages(limit, bm, bn, head_dim, size) -> int:
 # sm_100, 164,352 on sm_90). A stage is counted 1.5x there, which reproduces that figure.
 _COLS_STAGE_SCALE_TCGEN5 = 1.5
 _TCGEN5_ARCHS = range(100, 110)
+# With a per-tile gradient (the per-distance table's hook, square tiles) the column kernel's
+# stages hold far more there: at head_dim 128, 64x64 tiles and three stages it needed 238,144
+# bytes on sm_100 (limit 232,448), where one stage needs 66,560. One stage is taken there.
+_COLS_STAGES_PER_TILE_GRAD_TCGEN5 = 1
 
 
-def _backward_stages(limit, bm, bn, head_dim, size, sides, arch=None) -> tuple[int, int]:
+def _backward_stages(
+    limit, bm, bn, head_dim, size, sides, arch=None, square=False
+) -> tuple[int, int]:
     """Stages of the row and the column kernel. Besides them: q, dO and two triangles in the
     row kernel; k, v, two triangles and the transposed ``dz`` and
     ``A`` in the column kernel, whose loops over the query blocks each get their own stages
     (one loop per stick: triton 3.9 does not share them on Hopper). On a tcgen5 GPU (``arch``
-    100-109) a column kernel's stage counts 1.5x (:data:`_COLS_STAGE_SCALE_TCGEN5`)."""
+    100-109) a column kernel's stage counts 1.5x (:data:`_COLS_STAGE_SCALE_TCGEN5`), and with a
+    per-tile gradient (``square``) it takes at most :data:`_COLS_STAGES_PER_TILE_GRAD_TCGEN5`."""
     tri = 2 * 2 * bn * bn
     rows_fixed = 2 * bm * head_dim * size + tri
     cols_fixed = 2 * bn * head_dim * size + tri + 2 * bm * bn * size
@@ -1526,10 +1533,10 @@ def _backward_stages(limit, bm, bn, head_dim, size, sides, arch=None) -> tuple[i
     cols_stage = cols_single
     if arch in _TCGEN5_ARCHS:
         cols_stage = int(cols_stage * _COLS_STAGE_SCALE_TCGEN5)
-    return (
-        _fit_stages(limit, rows_stage, rows_stage, rows_fixed),
-        _fit_stages(limit, sides * cols_stage, sides * cols_single, cols_fixed),
-    )
+    cols = _fit_stages(limit, sides * cols_stage, sides * cols_single, cols_fixed)
+    if square and arch in _TCGEN5_ARCHS:
+        cols = min(cols, _COLS_STAGES_PER_TILE_GRAD_TCGEN5)
+    return _fit_stages(limit, rows_stage, rows_stage, rows_fixed), cols
 
 
 def pick_config(
@@ -1588,7 +1595,7 @@ def pick_config(
     )  # fmt: skip
     bwd = next(
         ((bm, bn, w, st) for bm, bn, w in bwd_shapes
-         if all(st := _backward_stages(limit, bm, bn, head_dim, size, sides, arch))),
+         if all(st := _backward_stages(limit, bm, bn, head_dim, size, sides, arch, square))),
         None,
     )  # fmt: skip
     if fwd is None or bwd is None:

@@ -79,7 +79,9 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-REPORT = "figures/gpu_report.json"
+# The report of the kernels the GPU measured (commit 5fae098's, compiled at 512e9ca): the
+# calibration pairs it with those times. ``apply`` then takes any report, the current one too.
+REPORT = "figures/gpu_static/report_of_measured_kernels.json"
 MEASUREMENT = "figures/gpu_check/nvidia_h200.json"
 CALIBRATION = "figures/gpu_static_calibration.json"
 ARCH = 90  # the measured GPU's target in the report (H100 / H200)
@@ -168,12 +170,15 @@ def row_features(rep: dict, family: str, features: str, causal: bool, head_dim: 
                for e in rep["model"] if e.get("arch", ARCH) == ARCH}  # fmt: skip
 
     def one(feat: str, sign: float, out: dict) -> None:
+        entry = entries.get((family, feat, causal, head_dim, dtype), {})
+        rows = entry.get("compile_rows", {})  # a launch compiled once for several rows
         for k in kernels:
-            f = _kernel_features(compiled[(family, feat, causal, head_dim, dtype, k)], family,
-                                 causal, seq)  # fmt: skip
+            c = rep["compiles"][rows[k]] if k in rows else compiled[
+                (family, feat, causal, head_dim, dtype, k)
+            ]
+            f = _kernel_features(c, family, causal, seq)
             for name, v in f.items():
                 out[name] += sign * v
-        entry = entries.get((family, feat, causal, head_dim, dtype), {})
         out["passes"] += sign * _row_passes(entry, pass_ == "fwd", seq, elem)
 
     out = dict.fromkeys(FEATURES, 0.0)
