@@ -258,8 +258,8 @@ def check_xpos_params(params: dict, *, positions=None, **call) -> None:
 
 class XPosAttention(RoPEAttention):
     """xPos: RoPE whose query pairs are scaled by ``zeta^(n/s)`` and key pairs by
-    ``zeta^(-m/s)`` (no parameters; causal only). ``gamma`` and ``scale_base`` are the paper's
-    0.4 and 512 unless given."""
+    ``zeta^(-m/s)``, positions measured from the middle of each sequence's (no parameters;
+    causal only). ``gamma`` and ``scale_base`` are the paper's 0.4 and 512 unless given."""
 
     encoding = "xpos"
 
