@@ -111,6 +111,11 @@ def test_xpos_refuses_positions_its_float32_scales_cannot_hold():
     torch.testing.assert_close(centred, apply_xpos(q, far - 40001, side="key"))
     with pytest.raises(TypeError, match="centre must be None, an int or an integer tensor"):
         apply_xpos(q, far, side="key", centre=4.5)
+    # one centre per sequence of the batch
+    x = torch.randn(2, 3, 4, 16, generator=gen(13))
+    each = apply_xpos(x, far, side="query", centre=torch.tensor([[40000], [40002]]))
+    for i, centre in enumerate((40000, 40002)):
+        assert torch.equal(each[i], apply_xpos(x[i], far, side="query", centre=centre))
 
 
 # -- FoX with extreme forget gates ----------------------------------------------------------------

@@ -106,11 +106,10 @@ def _check_reach(offsets: torch.Tensor, head_dim: int, gamma, scale_base, way_ou
     reach, limit = int(offsets.abs().max()), xpos_reach(head_dim, gamma, scale_base)
     if reach > limit:
         raise ValueError(
-            f"xPos scales pair t by zeta_t^(+-(p - c)/s) with c the centre positions are measured "
-            f"from; "
-            f"here a position lies {reach} from it, and past {limit} (scale_base={scale_base:g}, "
-            f"gamma={gamma:g}) the scales overflow float32 and every score would be NaN: "
-            f"{way_out()}"
+            f"xPos scales pair t by zeta_t^(+-(p - c)/s), c the centre positions are measured "
+            f"from; here a position lies {reach} from it, and past {limit} (scale_base="
+            f"{scale_base:g}, gamma={gamma:g}) the scales overflow float32 and every score "
+            f"would be NaN: {way_out()}"
         )
 
 
@@ -179,6 +178,7 @@ def apply_xpos(
     check_rotation_positions(x, position_ids)
     head_dim = x.shape[-1]
     offsets = _centred(position_ids, centre)
+    check_rotation_positions(x, offsets)  # a centre per sequence may add a batch axis
     _check_reach(
         offsets, head_dim, gamma, scale_base,
         lambda: "pass centre= the middle of the positions queries and keys share (xpos_centre "
@@ -186,7 +186,7 @@ def apply_xpos(
     )  # fmt: skip
     angles = rope_angles(offsets, head_dim, base)
     scale = xpos_scale(offsets, head_dim, side=side, gamma=gamma, scale_base=scale_base)
-    if position_ids.dim() == 2 and x.dim() == 4:
+    if offsets.dim() == 2 and x.dim() == 4:
         angles, scale = angles.unsqueeze(1), scale.unsqueeze(1)
     dt = compute_dtype(x)
     cos, sin = (angles.cos() * scale).to(dt), (angles.sin() * scale).to(dt)
