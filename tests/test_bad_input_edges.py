@@ -207,8 +207,12 @@ def test_kerple_bias_refuses_parameters_out_of_range():
         kerple_bias(d, torch.tensor([-1.0]), torch.tensor([-1.0]))
     with pytest.raises(ValueError, match=r"KERPLE r2 must be > 0 for every head"):
         kerple_bias(d, torch.tensor([1.0]), torch.tensor([0.0]))
-    with pytest.raises(ValueError, match=r"power variant needs 0 < r2 <= 2.*\[3.0\]"):
-        kerple_bias(d, torch.tensor([1.0]), torch.tensor([3.0]), "power")
+    with pytest.raises(ValueError, match=r"KERPLE r2 must be > 0 for every head.*nan"):
+        kerple_bias(d, torch.tensor([1.0]), torch.tensor([math.nan]), "power")
+    # the power variant past r2 = 2 is a formula to look at (attention refuses it)
+    assert kerple_bias(d, torch.tensor([1.0]), torch.tensor([3.0]), "power").tolist() == [
+        [-0.0, -1.0, -8.0]
+    ]
     with pytest.raises(ValueError, match="one value per head each"):
         kerple_bias(d, torch.tensor([1.0, 2.0]), torch.tensor([1.0]))
     with pytest.raises(TypeError, match="distances .* must be an integer tensor"):

@@ -50,9 +50,10 @@ def kerple_bias(
     ``[H, ...]`` in the parameters' dtype.
 
     ``log``: ``-r1 log(1 + r2 |d|)``; ``power``: ``-r1 |d|^r2`` (0 at ``d = 0``, where the
-    exponent's gradient ``|d|^r2 log|d|`` is taken as its limit, 0). Parameters outside the
-    kernels' range (``r1``, ``r2`` finite and > 0; ``r2 <= 2`` for ``power``) are refused, as
-    ``attention(method="kerple")`` refuses them.
+    exponent's gradient ``|d|^r2 log|d|`` is taken as its limit, 0). ``r1`` and ``r2`` must be
+    finite and > 0, as ``attention(method="kerple")`` requires (a negative ``r2`` would give
+    ``-inf`` and NaN); the power variant's ``r2 > 2``, which attention refuses (no longer
+    conditionally positive definite), is evaluated here, to be looked at.
     """
     check_integer_tensor(distances, "distances (p_i - p_j)")
     for name, value in (("r1", r1), ("r2", r2)):
@@ -66,7 +67,8 @@ def kerple_bias(
             f"KERPLE r1 and r2 must hold one value per head each, got shapes {tuple(r1.shape)} "
             f"and {tuple(r2.shape)}"
         )
-    _check_kerple_values(r1, r2, check_choice("KERPLE variant", variant, KERPLE_VARIANTS))
+    check_choice("KERPLE variant", variant, KERPLE_VARIANTS)
+    _check_kerple_values(r1, r2, "log")  # power's r2 > 2 stays a formula to look at
     return _kerple_bias(distances, r1, r2, variant)
 
 
@@ -111,7 +113,7 @@ def _check_kerple_values(r1: torch.Tensor, r2: torch.Tensor, variant: str) -> No
     if variant == "power" and any_true(r2.detach() > 2):
         raise ValueError(
             "KERPLE's power variant needs 0 < r2 <= 2 (|d|^r2 is conditionally positive "
-            f"definite only there), got r2 = {r2.detach().tolist()}"
+            "definite only there)"
         )
 
 
