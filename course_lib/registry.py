@@ -82,7 +82,8 @@ class Encoding:
 
     ``params``: the keyword parameters ``attention(method=name, ...)`` takes, with defaults
     (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal, positions, batch)``
-    validates them, and may fill in a default that depends on the call (e.g. one value per head).
+    validates them, and may fill in a default that depends on the call (e.g. one value per head)
+    or a value derived from it (xPos adds ``centre``, the middle of each sequence's positions).
     ``per_key_params``: those that hold one value per key on their last axis (a term the module
     computes from each token, e.g. FoX's forget gates): a key/value cache keeps them with the keys.
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.checks import check_floating_input, check_real
+from course_lib.checks import check_floating_input, check_real, has_values
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -52,6 +52,7 @@ __all__ = [
     "gather_positions",
     "apply_blocks",
     "skew4_exp",
+    "FLOAT32_EXP_NORM",
 ]
 
 LIERE_BLOCK_SIZE = 4
@@ -101,13 +102,48 @@ def lie_rotation(coords: torch.Tensor, generators: torch.Tensor) -> torch.Tensor
     ``coords.shape[:-1]``, so ``coords [seq, n]`` with ``generators [n, D, D]`` gives
     ``[seq, D, D]``, and ``coords [batch, 1, seq, n]`` with ``generators [heads, 1, n, D, D]``
     gives ``[batch, heads, seq, D, D]``. Float32 (float64 if either input is float64).
+
+    The exponential is taken in float64 (then rounded to float32) once some ``sum_i p_i A_i``
+    has a 1-norm above :data:`FLOAT32_EXP_NORM`: float32's scaling and squaring loses
+    orthogonality in proportion to the norm (``|R^T R - I|`` about ``2e-7`` times it), so a
+    large argument (coordinates of ``1e6``) would give no rotation at all.
     """
     check_generators(generators)
     _check_coords(coords, generators.shape[-3])
+    try:
+        torch.broadcast_shapes(coords.shape[:-1], generators.shape[:-3])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading axes of coords {tuple(coords.shape)} (all but the last, "
+            f"{tuple(coords.shape[:-1])}) and of generators {tuple(generators.shape)} (all but "
+            f"the last three, {tuple(generators.shape[:-3])}) must broadcast, right-aligned: e.g. "
+            "coords [seq, n] with generators [n, D, D], or coords [batch, 1, seq, n] with "
+            "generators [heads, 1, n, D, D]"
+        ) from None
     dt = _compute_dtype(generators, coords if coords.is_floating_point() else generators)
     a = skew_part(generators.to(dt))  # [..., n, D, D]
     c = coords.to(device=a.device, dtype=dt)[..., None, None]  # [..., n, 1, 1]
-    return torch.linalg.matrix_exp((c * a).sum(-3))  # [..., D, D]
+    argument = (c * a).sum(-3)  # [..., D, D]
+    if dt == torch.float64 or not _too_large_for_float32(argument):
+        return torch.linalg.matrix_exp(argument)
+    # the rotation of exactly these float32 inputs, as the float64 code computes it
+    wide_a = skew_part(generators.to(device=a.device, dtype=torch.float64))
+    wide = (coords.to(device=a.device, dtype=torch.float64)[..., None, None] * wide_a).sum(-3)
+    return torch.linalg.matrix_exp(wide).to(dt)
+
+
+#: The largest 1-norm of ``sum_i p_i A_i`` whose exponential float32 computes (about
+#: ``256 * 2e-7 = 5e-5`` from orthogonal); larger ones are computed in float64.
+FLOAT32_EXP_NORM = 256.0
+
+
+def _too_large_for_float32(argument: torch.Tensor) -> bool:
+    """Some matrix of ``argument`` ``[..., D, D]`` has a 1-norm above :data:`FLOAT32_EXP_NORM`
+    (False for meta tensors and empty ones)."""
+    if argument.numel() == 0 or not has_values(argument):
+        return False
+    norms = argument.detach().abs().sum(-2).amax(-1)  # the largest column sum of each matrix
+    return bool((norms > FLOAT32_EXP_NORM).any())
 
 
 def block_scales(num_blocks: int, base: float = 100.0) -> torch.Tensor:
@@ -322,6 +358,9 @@ class LieREAttention(PositionalSelfAttention):
                 f"block_size must be an integer >= 2 that divides head_dim={self.head_dim}, got "
                 f"{block_size!r}"
             )
+        init_std = check_real(
+            "init_std (the generators' initial standard deviation)", init_std, at_least=0.0
+        )
         self.block_size = block_size
         self.generators = nn.Parameter(torch.randn(num_heads, 2, block_size, block_size) * init_std)
 
