@@ -70,6 +70,7 @@ from .common import (
 )
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 from .qk_transform import (
+    _half_pad,
     _load_encoded,
     _load_rows,
     _pair_channels,
@@ -1120,11 +1121,6 @@ def _forward_scale(scale: float) -> tuple[float, float]:
     """The forward kernel's ``(qk_scale_log2, q_sign)``: ``|scale| log2 e`` (at least 1e-30, so
     that a masked score, -inf, stays -inf once scaled) and the sign of ``scale``, applied to q."""
     return max(abs(scale) * LOG2E, 1e-30), (-1.0 if scale < 0 else 1.0)
-
-
-def _half_pad(head_dim: int) -> int:
-    """Width of a pair-half tile: head_dim/2, padded to tl.dot's minimum of 16."""
-    return max(head_dim // 2, 16)
 
 
 def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) -> dict:
