@@ -205,7 +205,6 @@ def _pair_gains(GAIN, first, second, pair_valid, HAS_GAIN: tl.constexpr):
     return gain_1, gain_2
 
 
-
 @triton.jit
 def _encode_kernel(
     X,

@@ -118,6 +118,7 @@ from .common import (
     smem_per_block,
 )
 from .fast_math import LOG2E, fast_log2
+from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 from .qk_transform import (
     _load_encoded,
     _load_rows,
@@ -126,7 +127,6 @@ from .qk_transform import (
     decode_qk_grads,
     encode_qk,
 )
-from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 from .score_bias import GradTiles, tile_slot, tile_slot_count
 
 __all__ = [

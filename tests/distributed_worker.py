@@ -78,8 +78,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--plant", choices=["none", "per-shard-mean"], default="none")
-    parser.add_argument("--shards-in-one-process", type=int, default=0,
-                        help="no torchrun: one process sums the gradients of this many shards")
+    parser.add_argument(
+        "--shards-in-one-process",
+        type=int,
+        default=0,
+        help="no torchrun: one process sums the gradients of this many shards",
+    )
     args = parser.parse_args()
     if args.plant == "per-shard-mean":
         train._data_parallel_backward = _per_shard_mean_backward

@@ -80,7 +80,9 @@ def test_the_plan_follows_the_registry_and_the_gpu():
         _args("--seqs", "0")
     # --methods: only those cases; training only the ones that are sequence encodings
     some = cli.make_plan(FakeDevice((9, 0)), _args("--quick", "--methods", "fox", "softmax"))
-    assert {c.method for c in some.correctness} == {c.method for c in some.speed} == {"fox", "softmax"}
+    assert (
+        {c.method for c in some.correctness} == {c.method for c in some.speed} == {"fox", "softmax"}
+    )
     assert some.training_encodings == ("fox",)
     with pytest.raises(SystemExit, match="unknown method"):
         cli.make_plan(FakeDevice((9, 0)), _args("--methods", "fxo"))
@@ -152,6 +154,7 @@ class _Inputs:
 
 
 # -- speed ----------------------------------------------------------------------------------------
+
 
 def test_flex_moves_to_smaller_tiles_when_the_gpu_lacks_shared_memory():
     tried = []

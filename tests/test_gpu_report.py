@@ -60,9 +60,7 @@ def test_q_k_tables_are_applied_once_outside_the_loops():
             plain = variants.plan(variants.Variant(family, variants.Features(), causal, 64,
                                                    "bf16", 90))  # fmt: skip
             for features in (variants.Features("interleaved"), variants.Features("half", True)):
-                launches = variants.plan(
-                    variants.Variant(family, features, causal, 64, "bf16", 90)
-                )
+                launches = variants.plan(variants.Variant(family, features, causal, 64, "bf16", 90))
                 names = [launch.name for launch in launches]
                 assert names[:2] == ["encode_q", "encode_k"], names
                 assert names[-2:] == ["decode_q", "decode_k"], names

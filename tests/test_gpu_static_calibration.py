@@ -17,8 +17,12 @@ def _synthetic_rows(params: dict, methods=("a", "b", "c", "d", "e"), per_method=
     for m in methods:
         for _ in range(per_method):
             plain = dict(overlap=0.3, no_overlap=0.5, mem=0.08, passes=0.0)
-            feats = dict(overlap=0.3 * rng.uniform(1, 3), no_overlap=0.5 * rng.uniform(1, 3),
-                         mem=0.08 * rng.uniform(1, 6), passes=rng.choice((0.0, 0.02)))
+            feats = dict(
+                overlap=0.3 * rng.uniform(1, 3),
+                no_overlap=0.5 * rng.uniform(1, 3),
+                mem=0.08 * rng.uniform(1, 6),
+                passes=rng.choice((0.0, 0.02)),
+            )
             row = dict(method=m, seq=4096, features=feats, plain=plain)
             row["measured"] = calibrate.predict(params, row)
             rows.append(row)
@@ -68,7 +72,9 @@ def test_committed_table_is_what_the_committed_files_give():
     fresh = json.loads(json.dumps(calibrate.calibrate()))
     _same(committed, fresh)
     assert committed["sources"] == dict(
-        report=calibrate.REPORT, measurement=calibrate.MEASUREMENT, device="NVIDIA H200",
+        report=calibrate.REPORT,
+        measurement=calibrate.MEASUREMENT,
+        device="NVIDIA H200",
         measured_commit=committed["sources"]["measured_commit"],
     )
     loo = committed["leave_one_method_out"]
@@ -106,10 +112,20 @@ def test_apply_adds_calibrated_ratios_and_goals_can_be_judged_on_them():
             assert e["plain_x_cal"] == pytest.approx(1.0)
     # the measured RoPE row at 4096 tokens: what apply gives is the table's fit
     table = json.loads((calibrate.ROOT / calibrate.CALIBRATION).read_text())
-    rope = next(r for r in table["rows"] if r["method"] == "rope" and r["seq"] == 4096
-                and r["pass_"] == "fwd+bwd")
-    row = next(e for e in rows if e["family"] == "flash" and e["features"] == "tables"
-               and e["causal"] and e["head_dim"] == 64 and e["dtype"] == "bf16")
+    rope = next(
+        r
+        for r in table["rows"]
+        if r["method"] == "rope" and r["seq"] == 4096 and r["pass_"] == "fwd+bwd"
+    )
+    row = next(
+        e
+        for e in rows
+        if e["family"] == "flash"
+        and e["features"] == "tables"
+        and e["causal"]
+        and e["head_dim"] == 64
+        and e["dtype"] == "bf16"
+    )
     assert row["plain_x_cal"] == pytest.approx(rope["predicted"], abs=1e-3)
     plain = goals.judge(calibrate._load(calibrate.REPORT))
     cal = goals.judge(calibrate._load(calibrate.REPORT), calibrated=params)

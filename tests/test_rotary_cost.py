@@ -27,7 +27,7 @@ F64 = torch.float64
 def per_token_rotation(x, coords, generators, base=100.0):
     """The per-token formula, one ``matrix_exp`` per token and block: ``generators`` ``[n, b, b]``
     or ``[heads, n, b, b]`` (every block) or ``[heads, m, n, b, b]`` (one set per block)."""
-    n, b = generators.shape[-3], generators.shape[-1]
+    b = generators.shape[-1]
     m = x.shape[-1] // b
     w = block_scales(m, base).to(F64)
     c = coords.to(F64)
@@ -61,7 +61,7 @@ def assert_same_with_grads(new, old, inputs):
     weight = torch.randn(got.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
     g_new = torch.autograd.grad((got * weight).sum(), inputs)
     g_old = torch.autograd.grad((want * weight).sum(), inputs)
-    for a, b in zip(g_new, g_old):
+    for a, b in zip(g_new, g_old, strict=True):
         assert b.abs().max() > 0
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 

@@ -173,9 +173,11 @@ def row_features(rep: dict, family: str, features: str, causal: bool, head_dim: 
         entry = entries.get((family, feat, causal, head_dim, dtype), {})
         rows = entry.get("compile_rows", {})  # a launch compiled once for several rows
         for k in kernels:
-            c = rep["compiles"][rows[k]] if k in rows else compiled[
-                (family, feat, causal, head_dim, dtype, k)
-            ]
+            c = (
+                rep["compiles"][rows[k]]
+                if k in rows
+                else compiled[(family, feat, causal, head_dim, dtype, k)]
+            )
             f = _kernel_features(c, family, causal, seq)
             for name, v in f.items():
                 out[name] += sign * v
@@ -329,26 +331,36 @@ def calibrate(report: str = REPORT, measurement: str = MEASUREMENT) -> dict:
                                    worst_factor=round(math.exp(max(held)), 4))  # fmt: skip
     measured_methods = sorted({r["method"] for r in meas["speed"]})
     return dict(
-        sources=dict(report=report, measurement=measurement,
-                     device=meas.get("meta", {}).get("device", {}).get("name"),
-                     measured_commit=meas.get("meta", {}).get("commit")),  # fmt: skip
+        sources=dict(
+            report=report,
+            measurement=measurement,
+            device=meas.get("meta", {}).get("device", {}).get("name"),
+            measured_commit=meas.get("meta", {}).get("commit"),
+        ),  # fmt: skip
         model="T(row) / T(plain) = (1 - s) C(row) / C(plain) + s mem(row) / mem(plain) + "
         "(passes(row) - passes(plain)) / C(plain), C = (1 - w) overlap + w no_overlap; "
         "plain_x_cal = T(plain) / T(row)",
         params={k: round(v, 4) for k, v in params.items()},
         rows=table,
-        fit=dict(median_factor=round(math.exp(_median(errs)), 4),
-                 worst_factor=round(math.exp(max(errs)), 4)),  # fmt: skip
+        fit=dict(
+            median_factor=round(math.exp(_median(errs)), 4),
+            worst_factor=round(math.exp(max(errs)), 4),
+        ),  # fmt: skip
         leave_one_method_out=dict(
             median_factor=round(math.exp(loo["median_abs_log"]), 4),
             worst_factor=round(loo["worst_factor"], 4),
             targets=dict(median_factor_below=1.25, worst_factor_at_most=1.6),
             targets_met=loo["targets_met"],
             by_length=by_length,
-            per_method={m: dict(w=round(v["params"]["w"], 4), s=round(v["params"]["s"], 4),
-                                worst_factor=round(v["worst"], 4),
-                                median_factor=round(v["median"], 4))
-                        for m, v in loo["per_method"].items()},
+            per_method={
+                m: dict(
+                    w=round(v["params"]["w"], 4),
+                    s=round(v["params"]["s"], 4),
+                    worst_factor=round(v["worst"], 4),
+                    median_factor=round(v["median"], 4),
+                )
+                for m, v in loo["per_method"].items()
+            },
         ),  # fmt: skip
         unmodelled={m: UNMODELLED[m] for m in measured_methods if m in UNMODELLED},
     )

@@ -51,23 +51,49 @@ def _at_most(times: float) -> dict[int, float]:
 GOALS = (
     Goal("plain flash vs the tutorial", (("flash", "plain"),), "total_x_no", {64: 0.9, 128: 0.9}),
     Goal("RoPE vs plain flash", (("flash", "tables"),), "plain_x_no", _at_most(1.1)),
-    Goal("ExpoSB vs plain flash", (("flash", "tables+gain+exposb_distance"),), "plain_x_no",
-         _at_most(1.3)),  # fmt: skip
-    Goal("linear distance bias (ALiBi, RSE's penalty) vs plain flash",
-         (("flash", _BIAS.format("linear_distance")),), "plain_x_no", _at_most(1.1)),
-    Goal("FoX's gates vs plain flash", (("flash", _BIAS.format("cumulative_log_gates")),),
-         "plain_x_no", _at_most(1.1)),  # fmt: skip
-    Goal("T5's buckets vs plain flash", (("flash", _BIAS.format("t5_buckets")),), "plain_x_no",
-         _at_most(1.3)),  # fmt: skip
+    Goal(
+        "ExpoSB vs plain flash",
+        (("flash", "tables+gain+exposb_distance"),),
+        "plain_x_no",
+        _at_most(1.3),
+    ),  # fmt: skip
+    Goal(
+        "linear distance bias (ALiBi, RSE's penalty) vs plain flash",
+        (("flash", _BIAS.format("linear_distance")),),
+        "plain_x_no",
+        _at_most(1.1),
+    ),
+    Goal(
+        "FoX's gates vs plain flash",
+        (("flash", _BIAS.format("cumulative_log_gates")),),
+        "plain_x_no",
+        _at_most(1.1),
+    ),  # fmt: skip
+    Goal(
+        "T5's buckets vs plain flash",
+        (("flash", _BIAS.format("t5_buckets")),),
+        "plain_x_no",
+        _at_most(1.3),
+    ),  # fmt: skip
     Goal("stick-breaking vs plain flash", (("stick", "plain"),), "plain_x_no", _at_most(1.5)),
-    Goal("RSE vs plain flash",
-         (("stick", _BIAS.format("linear_distance")),
-          ("stick", _BIAS.format("offset_linear_distance"))), "plain_x_no",
-         _at_most(1.7)),  # fmt: skip
-    Goal("RSE vs the stick-breaking paper's kernel",
-         (("stick", _BIAS.format("linear_distance")),
-          ("stick", _BIAS.format("offset_linear_distance"))), "sb_total_x",
-         {64: 1.0, 128: 1.0}),  # fmt: skip
+    Goal(
+        "RSE vs plain flash",
+        (
+            ("stick", _BIAS.format("linear_distance")),
+            ("stick", _BIAS.format("offset_linear_distance")),
+        ),
+        "plain_x_no",
+        _at_most(1.7),
+    ),  # fmt: skip
+    Goal(
+        "RSE vs the stick-breaking paper's kernel",
+        (
+            ("stick", _BIAS.format("linear_distance")),
+            ("stick", _BIAS.format("offset_linear_distance")),
+        ),
+        "sb_total_x",
+        {64: 1.0, 128: 1.0},
+    ),  # fmt: skip
 )
 
 

@@ -131,8 +131,7 @@ def _goal_lines(rep: dict, calibrated: bool = False) -> list[str]:
                  "paper's kernel: as below, uncalibrated)")  # fmt: skip
     else:
         verdicts = goals.judge(rep)
-        basis = ("on the no-overlap bound (the paper's kernel: overlap bound, the only one it "
-                 "has)")
+        basis = "on the no-overlap bound (the paper's kernel: overlap bound, the only one it has)"
     met = [v for v in verdicts if v["met"]]
     missed = [v for v in verdicts if not v["met"]]
     out = [f"Speed goals, forward + backward, causal, bf16, sm_90, judged {basis}: {len(met)} of "
@@ -209,7 +208,7 @@ def render(rep: dict) -> str:
         "",
     ]
     for r in rep.get("refusals", []):
-        out.append(f"On sm_{r['arch']} the wrappers refuse bf16: \"{r['message']}\"")
+        out.append(f'On sm_{r["arch"]} the wrappers refuse bf16: "{r["message"]}"')
     for note in rep.get("notes", []):
         out.append(f"Note, {note}.")
     if rep.get("refusals") or rep.get("notes"):
@@ -218,8 +217,12 @@ def render(rep: dict) -> str:
     out += [
         "The static model (sm_90 machine code of every tile loop, instructions against nominal "
         "H100 throughputs, in-loop spill traffic charged"
-        + ("; per-token passes, such as the q/k transform before the loops and the backward's "
-           "delta, charged as the DRAM bytes they move" if passes else "")
+        + (
+            "; per-token passes, such as the q/k transform before the loops and the backward's "
+            "delta, charged as the DRAM bytes they move"
+            if passes
+            else ""
+        )
         + "; ratios, not speeds): the course's "
         "plain flash attention's cycles per (query, key) pair over each kernel's, "
         "**no-overlap bound / overlap bound / calibrated** (1.00: as fast as plain flash by this "
