@@ -310,14 +310,16 @@ def test_a_distance_table_is_the_records_bias_and_a_position_bias_is_refused():
     distance = torch.arange(15) - 7  # j - i
     torch.testing.assert_close(table, -slopes[:, None] * distance.abs()[None].float())
 
-    class Absolute:  # a bias that reads the query's own position
-        uses_positions, position_dims = True, 1
+    class Absolute:  # a bias that reads the query's own position, wrongly claimed distance-only
+        uses_positions, position_dims, distance_only = True, 1, True
 
         @staticmethod
         def score_bias(q_pos, k_pos, params):
             return (q_pos[..., None] * 0.1 + 0 * k_pos[:, None, :]).unsqueeze(1)
 
     assert "more than the distance" in speed.distance_table(Absolute, {}, 4, 8, "cpu")
+    Absolute.distance_only = False  # the record's own word is taken first
+    assert "not a function of the distance" in speed.distance_table(Absolute, {}, 4, 8, "cpu")
 
 
 def test_speed_records_and_ratios_with_a_fake_timer():

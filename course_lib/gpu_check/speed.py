@@ -109,7 +109,7 @@ def _full_params(encoding, inputs, causal: bool) -> dict:
 def distance_table(encoding, params: dict, heads: int, seq: int, device) -> torch.Tensor | str:
     """``[heads, 2 seq - 1]``: the record's score bias between a query and a key ``j - i``
     apart (index ``j - i + seq - 1``), or why the bias is not a function of the distance."""
-    if not encoding.uses_positions or encoding.position_dims != 1:
+    if not encoding.distance_only or encoding.position_dims != 1:  # the record's claim
         return "its score bias is not a function of the distance between two tokens"
     query = torch.tensor([[seq - 1]], device=device)
     keys = torch.arange(2 * seq - 1, device=device)[None]
