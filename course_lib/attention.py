@@ -326,6 +326,12 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
             k = (encoding.key_transform or encoding.qk_transform)(k, key_pos, params)
         if encoding.kernel_bias is not None:
             bias = encoding.kernel_bias(params, key_pos)
+            if bias is None:  # never run the kernel without the bias it was asked for
+                raise ValueError(
+                    f"method={method!r}'s kernel_bias returned no bias for these positions, so "
+                    "backend='triton' cannot compute it; use backend='reference' (or make "
+                    "kernel_bias return a ScoreBias, or raise saying why)"
+                )
         elif encoding.distance_bias is not None:  # plain torch: the kernels read it as a table
             bias = distance_score_bias(encoding.distance_bias, key_pos, params, q.shape[1])
             if bias is None:

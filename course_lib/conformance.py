@@ -193,19 +193,19 @@ def check_distance(name: str) -> str:
         raise Skipped("no score bias (place 3): nothing to be a function of the distance")
     if spec.position_dims != 1:
         raise Skipped("its positions are 2-D: the distance is not one number")
-    p = positions(name, 9)[None]
     along_diagonals = True
-    for causal in causal_modes(name):
-        params = {**spec.params, "scale": None, **example_params(name, heads=2, seq=9)}
-        if spec.check_params is not None:  # the defaults attention() derives, filled in
-            spec.check_params(params, heads=2, head_dim=8, device=torch.device("cpu"),
-                              causal=causal, positions=p, batch=1)  # fmt: skip
-        with torch.no_grad():
-            bias = torch.as_tensor(spec.score_bias(p, p, params)).double()  # [1|B, H|1, 9, 9]
-        along_diagonals &= torch.allclose(bias[..., 1:, 1:], bias[..., :-1, :-1], atol=1e-12,
-                                          rtol=0)  # fmt: skip
+    for step in (1, 37, 1000):  # far positions too, where a bias may change its form (FIRE's L)
+        p = positions(name, 9)[None] * step
+        for causal in causal_modes(name):
+            params = {**spec.params, "scale": None, **example_params(name, heads=2, seq=9)}
+            if spec.check_params is not None:  # the defaults attention() derives, filled in
+                spec.check_params(params, heads=2, head_dim=8, device=torch.device("cpu"),
+                                  causal=causal, positions=p, batch=1)  # fmt: skip
+            with torch.no_grad():
+                bias = torch.as_tensor(spec.score_bias(p, p, params)).double()  # [1|B, H|1, 9, 9]
+            along_diagonals &= torch.equal(bias[..., 1:, 1:], bias[..., :-1, :-1])
     assert along_diagonals == spec.distance_only, (
-        f"its score bias over positions 0-8 {'is' if along_diagonals else 'is not'} constant "
+        f"its score bias over 9 positions (steps 1, 37, 1000) {'is' if along_diagonals else 'is not'} constant "
         f"along each diagonal i - j, but the record says distance_only={spec.distance_only}"
     )
     return ("its score bias is one value per distance i - j (distance_only)" if along_diagonals
@@ -326,7 +326,6 @@ def check_triton(name: str) -> str:
     x = torch.randn(2, 21, 32, generator=_gen(9)).to(device)
     mask = (torch.arange(21)[None] < torch.tensor([[21], [17]])).to(device)
     upstream = torch.randn(2, 21, 32, generator=_gen(10)).to(device)
-    worst = {"output": 0.0, "gradients": 0.0}
     for causal in causal_modes(name):
         results = []
         for module in (reference, fused):
@@ -338,13 +337,11 @@ def check_triton(name: str) -> str:
         (out_ref, grads_ref), (out_tri, grads_tri) = results
         mode = "causal" if causal else "bidirectional"
         _close(out_tri, out_ref, f"{mode} output", atol=1e-4, rtol=1e-4)
-        worst["output"] = max(worst["output"], float((out_tri - out_ref).abs().max()))
         names = ["input", *(n for n, _ in reference.named_parameters())]
         for pname, g_tri, g_ref in zip(names, grads_tri, grads_ref, strict=True):
             _close(g_tri, g_ref, f"{mode} gradient of {pname}", atol=2e-4, rtol=1e-3)
-            worst["gradients"] = max(worst["gradients"], float((g_tri - g_ref).abs().max()))
-    return (f"fused == reference on 21 tokens (one sequence padded to 17), float32: output "
-            f"{worst['output']:.0e}, gradients {worst['gradients']:.0e} (largest differences)")  # fmt: skip
+    return ("fused == reference on 21 tokens (one sequence padded to 17), float32: outputs to "
+            "1e-4, the gradients of the input and of every parameter to 2e-4 + 1e-3 relative")  # fmt: skip
 
 
 def check_generation(name: str) -> str:
