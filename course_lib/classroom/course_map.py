@@ -90,6 +90,9 @@ CHAPTERS = (
             "tiny ViT per encoding"),
     Chapter("10_bert_comparison", "The BERT comparison", ("02", "03", "04", "05"),
             "every encoding on MLM and CLM over five seeds; paired t-tests with Holm's correction; probes"),
+    Chapter("11_your_own_encoding", "Your own encoding", ("01", "06", "10"),
+            "an encoding as one file; Sandwich from its formula; the conformance report; FIRE, a "
+            "bias that reads the query's position; a live five-seed comparison"),
 )  # fmt: skip
 
 PATHS = """\
@@ -100,8 +103,10 @@ PATHS = """\
   06 and 05: its experiment sets ALiBi and stick-breaking beside the scaled RoPEs. 08 needs 05
   (FoX and CoPE are read as relatives of the stick) and 03, not 06 or 07. 09 needs only 02 and
   03. So: 06 before 07; 08 and 09 any time after their prerequisites, in any order.
-* **10** reads the results of every encoding: take it last; it refers back to 00, 02, 04, 05
-  and 07, and reads the others' rows without needing their chapters."""
+* **10** reads the results of every encoding: take it after the others; it refers back to 00, 02,
+  04, 05 and 07, and reads the others' rows without needing their chapters.
+* **11**, the capstone, comes last: its learner writes an encoding of their own, using the
+  sinusoids of 01, the score biases of 06 and the paired comparison of 10."""
 
 
 def _notebook(stem: str) -> dict:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from course_lib.teaching.notebook import report_check
 from course_lib.teaching.solutions.nb11 import fire_bias, fire_mlp
 
 __all__ = ["check_fire_bias", "example_fire_params"]
@@ -76,14 +77,8 @@ _MISTAKES = {
 }
 
 
-def _report(ok: bool, what: str) -> bool:
-    print(("ok    " if ok else "WRONG ") + what)
-    return ok
-
-
-def check_fire_bias(fn: Callable) -> bool:
-    """Check ``fn`` against FIRE's formula (module docstring); print what holds and what is
-    wrong, and return True when everything holds."""
+def _failures(fn: Callable) -> list[str]:
+    """What is wrong with ``fn`` (empty: nothing), the first problem found."""
     params = example_fire_params()
     # two sequences, both starting past 0: queries below, at (i = 6) and past L = 6
     query = torch.stack((torch.arange(10) + 3, torch.arange(10) + 11))  # [2, 10]
@@ -93,29 +88,30 @@ def check_fire_bias(fn: Callable) -> bool:
     try:
         got = fn(query, key, params)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
-        return _report(False, f"calling it raised {type(exc).__name__}: {exc}")
+        return [f"calling it raised {type(exc).__name__}: {exc}"]
     if not torch.is_tensor(got) or got.shape != want.shape:
         shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-        return _report(False, f"shape: expected {tuple(want.shape)} [batch, heads, Nq, Nk], "
-                       f"got {shape}")  # fmt: skip
-    _report(True, f"shape {tuple(want.shape)} [batch, heads, Nq, Nk]")
-    close = torch.allclose(got.to(F64)[..., causal], want[..., causal], atol=1e-9, rtol=1e-9)
-    if not close:
+        return [f"shape: expected {tuple(want.shape)} [batch, heads, Nq, Nk], got {shape}"]
+    ours = got.to(F64)[..., causal]
+    if not torch.allclose(ours, want[..., causal], atol=1e-9, rtol=1e-9):
         for mistake, advice in _MISTAKES.items():
             other = _variant(mistake)(query, key, params)[..., causal]
-            if torch.allclose(got.to(F64)[..., causal], other, atol=1e-9, rtol=1e-9,
-                              equal_nan=True):  # fmt: skip
-                return _report(False, f"values: {advice}")
-        worst = (got.to(F64)[..., causal] - want[..., causal]).abs().nan_to_num(float("inf"))
-        return _report(False, f"values differ from the formula on the pairs j <= i (largest "
-                       f"difference {float(worst.max()):.2g})")  # fmt: skip
-    _report(True, "values on every pair j <= i, queries below, at and past L, positions from 3")
-    # the gradient of L at a tie: a query exactly at i = L (the first sequence's 4th token)
+            if torch.allclose(ours, other, atol=1e-9, rtol=1e-9, equal_nan=True):
+                return [f"values: {advice}"]
+        worst = (ours - want[..., causal]).abs().nan_to_num(float("inf"))
+        return [f"values differ from the formula on the pairs j <= i (largest difference "
+                f"{float(worst.max()):.2g})"]  # fmt: skip
+    # the gradient of L at a tie: a query exactly at i = L
     row = got[0, :, 6, :7].sum()  # query at position 9, first key 3: i = 6 = L
     (grad_l,) = torch.autograd.grad(row, params["L"], allow_unused=True)
     tie = 0.0 if grad_l is None else float(grad_l)
     if tie != 0.0:
-        return _report(False, f"at a tie i = L the position wins and L gets no gradient; yours "
-                       f"gives L {tie:.3g} (torch.maximum splits a tie; use "
-                       "torch.where(i >= L, i, L))")  # fmt: skip
-    return _report(True, "at a tie i = L, L gets no gradient (the position wins)")
+        return [f"at a tie i = L the position wins and L gets no gradient; yours gives L "
+                f"{tie:.3g} (torch.maximum splits a tie: use torch.where(i >= L, i, L))"]  # fmt: skip
+    return []
+
+
+def check_fire_bias(fn: Callable) -> bool:
+    """Check ``fn`` against FIRE's formula (module docstring): print the verdict, or the first
+    problem found with advice, and return True when everything holds."""
+    return report_check("fire_bias", _failures(fn))

@@ -1,0 +1,99 @@
+"""Notebook 11's experiment and numbers: a small live comparison, and what a bias costs fused.
+
+``live_comparison(arms)`` trains each arm on the ``tiny`` preset's data and model, causal LM, for
+``steps`` steps, once per seed, and returns each arm's final validation loss per seed (the same
+seeds for every arm, so differences can be paired). ``plot_live_comparison`` draws them, one line
+per seed. ``table_path_cost()`` reads what the committed static GPU model says a bias read from a
+table per distance costs, relative to plain flash attention (an estimate, not a time).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from course_lib.compare import PRESETS, run_one
+
+__all__ = ["live_comparison", "measured_table_path", "plot_live_comparison", "table_path_cost"]
+
+FIGURES = Path(__file__).resolve().parents[2] / "figures"
+
+
+def live_comparison(
+    arms: list[str], seeds: int = 5, steps: int = 60, objective: str = "clm"
+) -> dict[str, list[float]]:
+    """``{arm: [final validation loss of seed 0, 1, ...]}``: the ``tiny`` preset (its model, data
+    and learning rate; no probes, no sweep), ``steps`` training steps, one torch thread."""
+    if not arms or seeds < 2 or steps < 1:
+        raise ValueError("give at least one arm, 2 seeds or more and at least 1 step")
+    tiny = PRESETS["tiny"]
+    preset = replace(tiny, probes=(), train=replace(tiny.train, steps=steps))
+    losses: dict[str, list[float]] = {arm: [] for arm in arms}
+    with tempfile.TemporaryDirectory() as out, tqdm(total=len(arms) * seeds, desc="runs") as bar:
+        for seed in range(seeds):
+            for arm in arms:
+                result = run_one(arm, objective, preset, seed=seed, out_dir=out, progress=False,
+                                 threads=1)  # fmt: skip
+                losses[arm].append(result["metrics"]["final_val_loss"])
+                bar.update(1)
+    return losses
+
+
+def plot_live_comparison(losses: dict[str, list[float]], ax=None):
+    """Each arm's final validation loss, one line per seed across the arms (a paired view)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    arms = list(losses)
+    seeds = len(next(iter(losses.values())))
+    for s in range(seeds):
+        ax.plot(range(len(arms)), [losses[a][s] for a in arms], marker="o", alpha=0.6,
+                label=f"seed {s}")  # fmt: skip
+    ax.set_xticks(range(len(arms)), arms)
+    ax.set_ylabel("final validation loss (causal LM)")
+    ax.set_title("the same seeds under each encoding")
+    ax.legend(fontsize=8, ncol=2)
+    return ax
+
+
+def table_path_cost(head_dim: int = 64) -> dict:
+    """The committed static model's ratio of plain flash's speed to a kernel that reads its bias
+    from a table per distance (sm_90, bf16, causal, forward + backward; below 1: slower than
+    plain): ``{"no_overlap", "calibrated", "features"}``. An estimate, not a measured time."""
+    from course_lib.gpu_static import calibrate
+
+    report = json.loads((FIGURES / "gpu_report.json").read_text())
+    calibrate.apply(report, calibrate.committed_params())
+    for e in report["model"]:
+        if (e["family"], e["causal"], e["dtype"], e["head_dim"]) != ("flash", True, "bf16",
+                                                                   head_dim):  # fmt: skip
+            continue
+        if "diagonal_table" in e["features"] and "error" not in e:
+            return {"no_overlap": e["plain_x_no"], "calibrated": e.get("plain_x_cal"),
+                    "features": e["features"]}  # fmt: skip
+    raise LookupError(f"the committed report has no per-distance table row at head_dim {head_dim}")
+
+
+def measured_table_path(methods: tuple[str, ...] = ("t5", "kerple")) -> dict:
+    """What the committed H200 measurement says of encodings that read a table per distance:
+    ``{"device", "commit", "plain_ms", method: (ms, times plain)}`` (forward + backward, 4096
+    tokens, head_dim 64, bf16, causal; the kernels as they were at that commit)."""
+    report = json.loads((FIGURES / "gpu_check" / "nvidia_h200.json").read_text())
+
+    def ms(method: str) -> float:
+        for r in report["speed"]:
+            if (r["method"], r["contender"], r["seq"], r["head_dim"], r["dtype"], r["causal"],
+                    r["pass_"]) == (method, "kernel", 4096, 64, "bf16", True, "fwd+bwd"):  # fmt: skip
+                return r["ms"]
+        raise LookupError(f"no H200 time of {method} in the committed report")
+
+    plain = ms("softmax")
+    out = {"device": report["meta"]["device"]["name"], "commit": report["meta"]["commit"],
+           "plain_ms": plain}  # fmt: skip
+    out.update({m: (ms(m), ms(m) / plain) for m in methods})
+    return out
