@@ -18,6 +18,18 @@ from course_lib.teaching.source_view import kernel_source, show_source
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# -- printed bounds -------------------------------------------------------------------------
+
+
+def test_bounds_on_a_grid_round_outward_and_keep_the_step_decimals():
+    assert notebook.at_least(0.9794, 0.05) == notebook.at_least(0.9897, 0.05) == "0.95"
+    assert notebook.at_least(0.95, 0.05) == "0.95"  # a value on the grid is its own bound
+    assert notebook.at_most(0.0846, 0.05) == "0.10" and notebook.at_most(0.1, 0.05) == "0.10"
+    assert notebook.at_least(3.4, 1.5) == notebook.at_least(4.18, 1.5) == "3.0"
+    assert notebook.at_least(0.5545, 0.25) == "0.50" and notebook.at_most(0.0009, 0.005) == "0.005"
+    assert notebook.at_most(-0.001, 0.1) == "0.0"  # never "-0.0"
+
+
 # -- where figures go -----------------------------------------------------------------------
 
 

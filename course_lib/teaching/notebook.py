@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "using_solutions",
     "exercise",
     "report_check",
+    "at_least",
+    "at_most",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -90,3 +93,25 @@ def report_check(name: str, failures: list[str]) -> bool:
     for line in failures[:5]:
         print(f"  - {line}")
     return False
+
+
+def _on_grid(value: float, step: float, rounding: str) -> str:
+    grid = Decimal(str(step))
+    multiple = (Decimal(repr(float(value))) / grid).to_integral_value(rounding=rounding)
+    bound = (multiple * grid).quantize(Decimal(1).scaleb(grid.as_tuple().exponent))
+    return str(bound.copy_abs() if bound.is_zero() else bound)
+
+
+def at_least(value: float, step: float) -> str:
+    """``value`` rounded down to a multiple of ``step``, written with ``step``'s decimals.
+
+    A trained number's last digits move with the CPU's rounding (CONTRIBUTING: every printed
+    verdict must hold on every CPU); a bound on a grid coarser than that spread does not:
+    ``at_least(0.9794, 0.05)`` is ``"0.95"``, as is ``at_least(0.9897, 0.05)``.
+    """
+    return _on_grid(value, step, ROUND_FLOOR)
+
+
+def at_most(value: float, step: float) -> str:
+    """``value`` rounded up to a multiple of ``step``: ``at_most(0.0846, 0.05)`` is ``"0.10"``."""
+    return _on_grid(value, step, ROUND_CEILING)
