@@ -43,7 +43,9 @@ def javascript_number(value: float) -> str:
     """
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"javascript_number: {value!r} has no JSON form (JSON.stringify writes null)")
+        raise ValueError(
+            f"javascript_number: {value!r} has no JSON form (JSON.stringify writes null)"
+        )
     if value == 0.0:
         return "0"  # String(-0) is "0" too
     sign = "-" if value < 0 else ""
