@@ -7,7 +7,7 @@ settings, workspaces, runtime, config and data folders in a temporary folder) se
 * ``test_opening_leaves_the_notebook_unmodified``: opening it (the kernel starts) must not mark it
   modified (JupyterLab rewrites a kernelspec other than the installed one), saving it (as
   RISE's Alt+R does before showing the deck, and File > Save) must write the committed bytes again
-  (``course_lib.teaching.notebook_format``; the file is put back if not), and each explorer,
+  (``course_lib.classroom.notebook_format``; the file is put back if not), and each explorer,
   which shows as ``interactive(children=...)`` text until the notebook runs (saved widget state of
   an untrusted notebook never renders), has a static figure in the code cell just above it;
 * ``test_restart_and_run_all``: Kernel > Restart Kernel and Run All, then: no error and no stderr
@@ -454,9 +454,9 @@ def saving_problems(page, notebook: Path) -> list[str]:
         )  # fmt: skip
         problems.append(
             "saving it in JupyterLab (as opening its deck does) rewrites the file, so a "
-            "teacher's checkout is modified (`python -m course_lib.teaching.notebook_format "
+            "teacher's checkout is modified (`python -m course_lib.classroom.notebook_format "
             f"notebooks/{notebook.name}` rewrites it as course_lib saves notebooks; a difference "
-            "it leaves is one course_lib.teaching.notebook_format does not know):\n"
+            "it leaves is one course_lib.classroom.notebook_format does not know):\n"
             + "\n".join(list(diff)[:30])
         )
     return problems

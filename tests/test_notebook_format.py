@@ -1,5 +1,6 @@
-"""Committed notebooks are stored as JupyterLab saves them (``course_lib.teaching.notebook_format``),
-so that saving a notebook in JupyterLab, or opening its deck (RISE saves first), changes no byte.
+"""Committed notebooks are stored as JupyterLab saves them
+(``course_lib.classroom.notebook_format``), so that saving a notebook in JupyterLab, or opening its
+deck (RISE saves first), changes no byte.
 
 The expected number texts below are written by hand from ECMAScript's Number::toString (what
 ``String(x)`` and ``JSON.stringify`` give): the shortest digits that read back as the same double;
@@ -23,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course_lib.classroom import slides
-from course_lib.teaching.notebook_format import (
+from course_lib.classroom.notebook_format import (
     javascript_number,
     jupyterlab_text,
     through_javascript,
@@ -141,7 +142,7 @@ def test_committed_notebooks_are_stored_as_jupyterlab_saves_them(notebook):
         pytest.fail(
             f"{notebook.name} is not stored as JupyterLab saves it, so saving it (or opening its "
             "deck) modifies the checkout; rewrite it with `python -m "
-            f"course_lib.teaching.notebook_format notebooks/{notebook.name}`:\n{shown}"
+            f"course_lib.classroom.notebook_format notebooks/{notebook.name}`:\n{shown}"
         )
 
 
@@ -159,7 +160,7 @@ def test_the_slide_plan_writes_notebooks_as_jupyterlab_saves_them(tmp_path):
 
 
 def test_the_rewriting_command_leaves_a_notebook_in_that_form_alone(tmp_path, capsys):
-    from course_lib.teaching.notebook_format import _rewrite
+    from course_lib.classroom.notebook_format import _rewrite
 
     copy = tmp_path / "03_rope.ipynb"
     shutil.copy(ROOT / "notebooks" / "03_rope.ipynb", copy)

@@ -11,9 +11,9 @@ import nbformat
 import pytest
 import torch
 
+from course_lib.classroom.notebook_format import jupyterlab_text
 from course_lib.teaching import kernel_swap, notebook
 from course_lib.teaching.execute import KERNELSPEC, execute_notebooks
-from course_lib.teaching.notebook_format import jupyterlab_text
 from course_lib.teaching.source_view import kernel_source, show_source
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -158,7 +158,7 @@ def apply(paths: list[Path] | None = None, spec: dict | None = None) -> list[Pat
     notebooks that changed. Only ``metadata.slideshow`` and ``metadata.rise`` are touched."""
     import nbformat
 
-    from course_lib.teaching.notebook_format import write_notebook
+    from course_lib.classroom.notebook_format import write_notebook
 
     spec = load_spec() if spec is None else spec
     changed = []

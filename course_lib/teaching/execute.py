@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from course_lib.classroom.notebook_format import write_notebook
 from course_lib.teaching.notebook import REPO_ROOT
-from course_lib.teaching.notebook_format import write_notebook
 
 __all__ = ["KERNELSPEC", "execute_notebooks"]
 
@@ -25,7 +25,7 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 
 def execute_notebooks(paths: list[str], timeout: int = 300) -> None:
     """Run each notebook in a fresh ``python3`` kernel and write it back with its outputs, in
-    the form JupyterLab saves (``course_lib.teaching.notebook_format``)."""
+    the form JupyterLab saves (``course_lib.classroom.notebook_format``)."""
     import nbformat
     from nbconvert.preprocessors import ExecutePreprocessor
 

@@ -15,7 +15,7 @@ teacher's checkout is modified by opening a deck.
 ``course_lib.teaching.execute`` and ``course_lib.classroom.slides`` write notebooks with it, and
 ``tests/test_notebook_format.py`` checks every committed notebook.
 
-    python -m course_lib.teaching.notebook_format notebooks/*.ipynb   # rewrite in that form
+    python -m course_lib.classroom.notebook_format notebooks/*.ipynb   # rewrite in that form
 """
 
 from __future__ import annotations
@@ -117,5 +117,5 @@ def _rewrite(paths: list[str]) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m course_lib.teaching.notebook_format NOTEBOOK.ipynb [...]")
+        sys.exit("usage: python -m course_lib.classroom.notebook_format NOTEBOOK.ipynb [...]")
     _rewrite(sys.argv[1:])
