@@ -5,7 +5,9 @@ settings, workspaces, runtime, config and data folders in a temporary folder) se
 ``notebooks/``; Chromium, driven by Playwright, opens each notebook in a fresh workspace and:
 
 * ``test_opening_leaves_the_notebook_unmodified``: opening it (the kernel starts) must not mark it
-  modified (JupyterLab rewrites a kernelspec other than the installed one), and each explorer,
+  modified (JupyterLab rewrites a kernelspec other than the installed one), saving it (as
+  RISE's Alt+R does before showing the deck, and File > Save) must write the committed bytes again
+  (``course_lib.classroom.notebook_format``; the file is put back if not), and each explorer,
   which shows as ``interactive(children=...)`` text until the notebook runs (saved widget state of
   an untrusted notebook never renders), has a static figure in the code cell just above it;
 * ``test_restart_and_run_all``: Kernel > Restart Kernel and Run All, then: no error and no stderr
@@ -31,6 +33,7 @@ where they fail. Environment variables:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -139,6 +142,17 @@ _JS_OPEN_STATE = (
     await new Promise(resolve => setTimeout(resolve, 500));
     return {dirty: panel.context.model.dirty,
             kernelspec: panel.context.model.getMetadata('kernelspec') || null};
+}"""
+)
+
+# Saves the notebook as jupyterlab-rise does before it shows the deck (its commands call
+# `context.save()`; File > Save does the same, then makes a checkpoint).
+_JS_SAVE = (
+    "async (path) => {"
+    + _PANEL
+    + """
+    await panel.context.save();
+    return panel.context.model.dirty;
 }"""
 )
 
@@ -421,6 +435,33 @@ def open_notebook(browser, lab: LabServer, notebook: Path, log: list[str]):
     return context, page
 
 
+def saving_problems(page, notebook: Path) -> list[str]:
+    """Save the open `notebook` from JupyterLab and compare the file with what was there; the
+    committed bytes are put back whatever happens."""
+    committed = notebook.read_bytes()
+    try:
+        dirty = page.evaluate(_JS_SAVE, notebook.name)
+        saved = notebook.read_bytes()
+    finally:
+        if notebook.read_bytes() != committed:
+            notebook.write_bytes(committed)
+    problems = ["still marked modified after saving"] if dirty else []
+    if saved != committed:
+        diff = difflib.unified_diff(
+            committed.decode("utf-8", "replace").splitlines(),
+            saved.decode("utf-8", "replace").splitlines(),
+            "committed", "saved by JupyterLab", lineterm="",
+        )  # fmt: skip
+        problems.append(
+            "saving it in JupyterLab (as opening its deck does) rewrites the file, so a "
+            "teacher's checkout is modified (`python -m course_lib.classroom.notebook_format "
+            f"notebooks/{notebook.name}` rewrites it as course_lib saves notebooks; a difference "
+            "it leaves is one course_lib.classroom.notebook_format does not know):\n"
+            + "\n".join(list(diff)[:30])
+        )
+    return problems
+
+
 def explorer_cells(cells: list[dict]) -> list[dict]:
     return [c for c in cells if c["cell_type"] == "code" and EXPLORER_CALL.search(c["source"])]
 
@@ -614,6 +655,7 @@ def test_opening_leaves_the_notebook_unmodified(notebook, browser, lab, artifact
                     "no static figure in the code cell just above it, so a notebook opened "
                     "without running shows only the widget's text fallback there"
                 )
+        problems += saving_problems(page, notebook)
         assert not problems, f"{notebook.name}:\n" + "\n".join(problems)
     finally:
         (artifacts / notebook.stem).mkdir(exist_ok=True)

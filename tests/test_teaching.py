@@ -11,6 +11,7 @@ import nbformat
 import pytest
 import torch
 
+from course_lib.classroom.notebook_format import jupyterlab_text
 from course_lib.teaching import kernel_swap, notebook
 from course_lib.teaching.execute import KERNELSPEC, execute_notebooks
 from course_lib.teaching.source_view import kernel_source, show_source
@@ -186,7 +187,7 @@ def test_show_source_reads_the_file_without_importing_the_kernel_module():
 # -- the runner and the notebooks ---------------------------------------------------------------
 
 
-def test_execute_runs_with_solutions_writes_figures_to_the_repo_and_sets_the_kernelspec(
+def test_execute_runs_with_solutions_writes_figures_to_the_repo_and_saves_as_jupyterlab(
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("COURSE_OUTPUT_DIR", str(tmp_path / "elsewhere"))
@@ -201,12 +202,17 @@ def test_execute_runs_with_solutions_writes_figures_to_the_repo_and_sets_the_ker
         "language": "python",
         "name": "python3",
     }
+    # a slider's saved state, as ipywidgets gives it (floats); JupyterLab saves "max": 6
+    widget = {"state": {"max": 6.0, "step": 0.5}}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"w": widget}}}
     path = tmp_path / "tiny.ipynb"
     nbformat.write(nb, path)
     execute_notebooks([str(path)], timeout=120)
     done = nbformat.read(path, as_version=4)
     assert done.cells[0].outputs[0]["text"].split() == ["1", str(ROOT / "figures")]
     assert done.metadata["kernelspec"] == KERNELSPEC
+    written = path.read_text(encoding="utf-8")
+    assert written == jupyterlab_text(done) and '"max": 6,' in written
     # the runner leaves the calling process's environment as it was
     import os
 

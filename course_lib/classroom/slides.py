@@ -158,6 +158,8 @@ def apply(paths: list[Path] | None = None, spec: dict | None = None) -> list[Pat
     notebooks that changed. Only ``metadata.slideshow`` and ``metadata.rise`` are touched."""
     import nbformat
 
+    from course_lib.classroom.notebook_format import write_notebook
+
     spec = load_spec() if spec is None else spec
     changed = []
     for path in _notebooks(paths):
@@ -170,7 +172,7 @@ def apply(paths: list[Path] | None = None, spec: dict | None = None) -> list[Pat
                 cell.metadata["slideshow"] = {"slide_type": planned}
                 dirty = True
         if dirty:
-            nbformat.write(nb, path)
+            write_notebook(nb, path)  # as JupyterLab saves it
             changed.append(path)
     return changed
 

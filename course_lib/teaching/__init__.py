@@ -9,7 +9,8 @@
   explorers; :mod:`~course_lib.teaching.window_task`: the small training task of notebook 02;
 * :mod:`~course_lib.teaching.solutions`: worked solutions of the exercises, one module per notebook;
 * :mod:`~course_lib.teaching.execute`: ``python -m course_lib.teaching.execute NOTEBOOK.ipynb``
-  re-executes notebooks and stores their outputs (what gets committed).
+  re-executes notebooks and stores their outputs (what gets committed), in the form JupyterLab
+  saves (:mod:`course_lib.classroom.notebook_format`).
 
 Nothing in the core (encodings, attention, layers, model, kernels) imports this package.
 """

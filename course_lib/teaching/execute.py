@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from course_lib.classroom.notebook_format import write_notebook
 from course_lib.teaching.notebook import REPO_ROOT
 
 __all__ = ["KERNELSPEC", "execute_notebooks"]
@@ -23,7 +24,8 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 
 
 def execute_notebooks(paths: list[str], timeout: int = 300) -> None:
-    """Run each notebook in a fresh ``python3`` kernel and write it back with its outputs."""
+    """Run each notebook in a fresh ``python3`` kernel and write it back with its outputs, in
+    the form JupyterLab saves (``course_lib.classroom.notebook_format``)."""
     import nbformat
     from nbconvert.preprocessors import ExecutePreprocessor
 
@@ -36,7 +38,7 @@ def execute_notebooks(paths: list[str], timeout: int = 300) -> None:
             runner = ExecutePreprocessor(timeout=timeout, kernel_name="python3")
             runner.preprocess(nb, {"metadata": {"path": str(Path(path).parent)}})
             nb.metadata["kernelspec"] = dict(KERNELSPEC)
-            nbformat.write(nb, path)
+            write_notebook(nb, path)  # as JupyterLab saves it: opening a deck changes nothing
             print(f"executed {path}")
     finally:
         for name, value in saved.items():
