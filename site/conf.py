@@ -15,6 +15,13 @@ Math is typeset by MathJax 3's SVG build (`tex-svg.js`, from the `django-static-
 package, which ships MathJax's own files and depends on nothing), copied into the site: no
 request leaves the page. The SVG output draws its glyphs from paths inside the script, so no web
 font has to load (a page opened from disk may be refused fonts from disk).
+
+Reading aids: sphinx-copybutton (a pip package, no network) puts a copy button on every code
+block; the sidebar lists the page's own sections ("On this page": `_templates/localtoc.html`)
+and scrolls on its own, with the search box near its top so that it stays in view; code and
+outputs wrap in `_static/course.css` rather than scroll. The icon, `_extra/favicon.ico` (a dot
+turned on a circle: a position as a rotation), is linked from every page and also sits at the
+site's root, where a browser asks for `/favicon.ico` when a page is served.
 """
 
 import shutil
@@ -27,7 +34,7 @@ author = "the course's authors"
 copyright = "the course's authors"
 html_title = project
 
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "sphinx_copybutton"]
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
 myst_heading_anchors = 3
 nb_execution_mode = "off"  # the committed outputs are the page; nothing runs
@@ -40,11 +47,16 @@ html_theme_options = {
     "description": "A hands-on course: every encoding from its formula, checked, then fused.",
     "fixed_sidebar": True,
     "show_relbars": True,
-    "page_width": "1180px",
+    "page_width": "1240px",
     "sidebar_width": "260px",
 }
-html_sidebars = {"**": ["about.html", "navigation.html", "relations.html", "searchbox.html"]}
+html_sidebars = {
+    "**": ["about.html", "searchbox.html", "localtoc.html", "navigation.html", "relations.html"]
+}
+templates_path = ["_templates"]  # localtoc.html: the page's sections, "On this page"
 html_static_path = ["_static"]
+html_extra_path = ["_extra"]
+html_favicon = "_extra/favicon.ico"
 html_css_files = ["course.css"]
 html_copy_source = False
 html_show_sourcelink = False

@@ -943,6 +943,53 @@ _JS_PAGE_FACTS = """() => ({
 })"""
 
 
+# What a reader sees at 1280x900: code and output blocks that need a sideways scroll, raw TeX
+# or backticks left in the rendered text (outside code and typeset math), the icon, the search
+# box's place, the links to the instructor's guides, the copy buttons. (The icon a page links is
+# opened on its own afterwards: an image made by a script is refused under the offline route.)
+_JS_READING = """() => {
+    const body = document.querySelector('div.body') || document.body;
+    const blocks = Array.from(body.querySelectorAll(
+        'pre, div.highlight, div.cell_output > div.output'));
+    const overflowing = blocks.filter(b => b.scrollWidth > b.clientWidth + 1)
+        .map(b => `${b.scrollWidth}>${b.clientWidth}px: ${b.innerText.trim().slice(0, 50)}`);
+    const unrendered = [];
+    const walker = document.createTreeWalker(body, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        if (node.parentElement.closest('pre, code, kbd, script, style, .math, mjx-container'))
+            continue;
+        if (['$', '`', '\\\\(', '\\\\['].some(mark => node.textContent.includes(mark)))
+            unrendered.push(node.textContent.trim().slice(0, 80));
+    }
+    const icon = document.querySelector('link[rel~="icon"]');
+    const search = document.querySelector('div.sphinxsidebar input[name="q"]');
+    const box = search ? search.getBoundingClientRect() : null;
+    return {overflowing, unrendered, icon: icon ? icon.href : null,
+            searchVisible: !!box && box.height > 0 && box.top >= 0 && box.bottom <= innerHeight,
+            bodyLinks: Array.from(body.querySelectorAll('a[href]')).map(a => a.href),
+            copyButtons: document.querySelectorAll('button.copybtn').length,
+            codeBlocks: body.querySelectorAll('div.highlight').length};
+}"""
+
+
+def reading_problems(where: Path, stem: str, facts: dict, guides: set[str]) -> list[str]:
+    """What `_JS_READING` found wrong on one page."""
+    problems = [f"{where}: block needs a sideways scroll: {b}" for b in facts["overflowing"]]
+    problems += [f"{where}: raw TeX or backticks in the text: {t!r}" for t in facts["unrendered"]]
+    if not facts["icon"]:
+        problems.append(f"{where}: no icon linked")
+    if where.name != "search.html" and not facts["searchVisible"]:
+        problems.append(f"{where}: the search box is not in view at 1280x900")
+    if facts["codeBlocks"] and facts["copyButtons"] < facts["codeBlocks"]:
+        problems.append(f"{where}: {facts['copyButtons']} copy buttons, "
+                        f"{facts['codeBlocks']} code blocks")  # fmt: skip
+    if stem in guides and where.parent.name != "guides":
+        guide = f"/guides/{stem}.html"
+        if not any(urllib.parse.urlparse(h).path.endswith(guide) for h in facts["bodyLinks"]):
+            problems.append(f"{where}: the chapter does not link its guide ({guide[1:]})")
+    return problems
+
+
 def _open_offline(context, log: list[str]):
     """A page whose every request that is not for a file on disk is refused and recorded."""
     page = context.new_page()
@@ -965,8 +1012,10 @@ def test_site_pages_load_from_disk_with_math_images_and_links(built_site, browse
     pages = sorted(built_site.rglob("*.html"))
     chapters = {p.stem for p in (COURSE_ROOT / "notebooks").glob("*.ipynb")}
     assert chapters <= {p.stem for p in pages}, sorted(chapters - {p.stem for p in pages})
+    guides = {p.stem for p in (COURSE_ROOT / "notebooks" / "guides").glob("*.md")} & chapters
+    # a browser asks a server for /favicon.ico on its own: the site's root has one (opened below)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    problems, ids, links, math_total = [], {}, [], 0
+    problems, ids, links, math_total, icons = [], {}, [], 0, set()
     try:
         for path in pages:
             log: list[str] = []
@@ -983,11 +1032,24 @@ def test_site_pages_load_from_disk_with_math_images_and_links(built_site, browse
                          if not i["ok"]]  # fmt: skip
             problems += [f"{where}: {line}" for line in log
                          if line.startswith(("console.error", "page error", "network"))]  # fmt: skip
+            reading = page.evaluate(_JS_READING)
+            problems += reading_problems(where, path.stem, reading, guides)
+            icons.add(reading["icon"] or "")
             ids[path.resolve()] = set(facts["ids"])
             links += [(where, href) for href in facts["links"] if href.startswith("file:")]
             if path.stem in ("index", "03_rope"):
                 page.screenshot(path=artifacts / f"site-{path.stem}.png", full_page=False)
             page.close()
+        page = context.new_page()
+        for icon in sorted(icons - {""} | {(built_site / "favicon.ico").as_uri()}):
+            try:
+                page.goto(icon)
+                width = page.evaluate("() => (document.images[0] || {}).naturalWidth || 0")
+            except Exception as error:  # a missing file fails the navigation
+                width = f"{type(error).__name__}: {error}".splitlines()[0]
+            if not isinstance(width, int) or width <= 0:
+                problems.append(f"the icon did not load: {icon} ({width})")
+        page.close()
     finally:
         context.close()
     for where, href in links:

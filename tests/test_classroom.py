@@ -129,8 +129,56 @@ def test_the_site_shows_each_explorer_as_its_static_figure_with_a_note(tmp_path)
     assert len(ids) == len(set(ids))
 
 
+def test_each_chapter_on_the_site_links_its_guide_and_says_how_to_open_its_slides(tmp_path):
+    source = slides.NOTEBOOKS / "03_rope.ipynb"
+    target = tmp_path / source.name
+    site.stage_notebook(source, target, guide=True)
+    cells = json.loads(target.read_text())["cells"]
+    note = cells[1]["source"]
+    title = "".join(json.loads(source.read_text())["cells"][0]["source"])
+    assert cells[0]["source"] == title
+    assert "(guides/03_rope.md)" in note and "guides/03_rope.md#what-the-deck-leaves-out" in note
+    assert "notebooks/03_rope.ipynb" in note and "Render as Reveal Slideshow" in note
+    site.stage_notebook(source, target)
+    assert not any(
+        "guides/" in "".join(c["source"]) for c in json.loads(target.read_text())["cells"]
+    )
+
+
+def test_a_display_equation_inside_a_paragraph_becomes_its_own_block_on_the_site():
+    text = "the last\nstep $S-1$:\n$$a = b$$\nWarm-up keeps\n\n$$c$$\n"
+    assert (
+        site.display_math_apart(text)
+        == "the last\nstep $S-1$:\n\n$$a = b$$\n\nWarm-up keeps\n\n$$c$$\n"
+    )
+    assert site.display_math_apart("no math\nhere") == "no math\nhere"
+
+
 def test_the_guides_on_the_site_list_what_each_deck_leaves_out():
     section = site.deck_omissions("03_rope", slides.load_spec())
-    assert "left out: code cell `cell-043`" in section
-    assert "speaker notes: markdown cell `cell-014`" in section
+    assert "left out: code cell `cell-043`: `show_source(" in section
+    # a markdown cell by its opening as it renders (math kept as math), a code cell as code
+    assert (
+        "speaker notes: markdown cell `cell-014`: (The angles are float32: at position $p$"
+        in section
+    )
     assert "nothing" in site.deck_omissions("09_two_dimensions", {})
+
+
+def test_a_cells_opening_in_a_guide_keeps_its_math_and_code_whole():
+    assert site.code_span("print(x)") == "`print(x)`"
+    assert site.code_span("a `b` c") == "``a `b` c``"
+    assert site.code_span("`x") == "`` `x ``"
+    excerpt = site.markdown_excerpt
+    assert excerpt("## 3. The angle $\\theta_t$\nmore") == "3. The angle $\\theta_t$"
+    assert excerpt("**Bold** and `co$de` and [a link](x.md)") == "Bold and `co$de` and a link"
+    long = "Each pair turns at $\\omega_t = b^{-2t/d}$, " + "so the slowest one " * 10
+    cut = excerpt(long, limit=60)
+    assert cut.startswith("Each pair turns at $\\omega_t = b^{-2t/d}$,") and cut.endswith("...")
+    # math or code that opens past the limit is left out whole, never cut open
+    assert excerpt("word " * 15 + "$x + y$ tail", limit=80) == ("word " * 15).rstrip() + "..."
+    assert excerpt("a math span $x +\n\ny$ that never closes") == "a math span..."
+    for stem in (c.stem for c in course_map.CHAPTERS):
+        for line in site.deck_omissions(stem, slides.load_spec()).splitlines():
+            text = re.sub(r"(`+).+?\1|\$[^$]+\$", "", line)
+            assert "`" not in text and "$" not in text, line

@@ -3,8 +3,9 @@
     python -m course_lib.classroom.site [--out build/site]
 
 writes a folder that opens from disk (``build/site/index.html``): the course map first, then
-one page per chapter in course order with its outputs, figures and math, the comparison's tables
-and the instructor's guides, with a search box. Explorers are shown as their static figure (the
+one page per chapter in course order with its outputs, figures and math (each linking its
+instructor's guide and saying how to open its slides), the comparison's tables and the guides,
+with a search box. Explorers are shown as their static figure (the
 code cell above each one draws it) with a note on running them live.
 
 The sources are staged in ``<out>-src`` (``site/``'s configuration and stylesheet, a copy of
@@ -34,7 +35,18 @@ GUIDES = NOTEBOOKS / "guides"
 COMPARISON = REPO_ROOT / "figures" / "compare_cpu" / "summary.md"
 DEFAULT_OUT = REPO_ROOT / "build" / "site"
 
-__all__ = ["DEFAULT_OUT", "build", "deck_omissions", "explorer_note", "stage", "stage_notebook"]
+__all__ = [
+    "DEFAULT_OUT",
+    "build",
+    "code_span",
+    "deck_omissions",
+    "display_math_apart",
+    "explorer_note",
+    "markdown_excerpt",
+    "stage",
+    "stage_notebook",
+    "teaching_note",
+]
 
 LIVE_NOTE = """\
 :::{{note}}
@@ -58,24 +70,69 @@ def explorer_note(notebook_name: str, has_figure: bool, cell_id: str) -> dict:
     }
 
 
+TEACH_NOTE = """\
+:::{{admonition}} Teach this chapter
+:class: course-teach
+The [instructor's guide to this chapter](guides/{stem}.md) says what to stress, what learners
+get wrong, what to discuss and which exercise to set. Its slides are this notebook as a deck:
+open `notebooks/{stem}.ipynb` in JupyterLab and choose *View > Render as Reveal Slideshow*
+(Alt+R; [Teach it](index.md#teach-it) says more). The guide lists
+[what the deck leaves out](guides/{stem}.md#what-the-deck-leaves-out).
+:::"""
+
+
+def teaching_note(stem: str) -> dict:
+    """The markdown cell, under a chapter's title cell on the site, that links its guide and
+    says how to open its slides."""
+    return {
+        "cell_type": "markdown",
+        "id": f"{stem}-site-teach",
+        "metadata": {},
+        "source": TEACH_NOTE.format(stem=stem),
+    }
+
+
+def display_math_apart(markdown: str) -> str:
+    """``markdown`` with a blank line before and after each line that is one display equation
+    (``$$...$$``). JupyterLab typesets such a line inside a paragraph; MyST reads display math
+    only as a block of its own, and would otherwise take its inner ``$`` signs for inline math,
+    leaving raw ``$`` on the page."""
+    out: list[str] = []
+    lines = markdown.split("\n")
+    for i, line in enumerate(lines):
+        text = line.strip()
+        alone = len(text) > 4 and text.startswith("$$") and text.endswith("$$")
+        if alone and out and out[-1].strip():
+            out.append("")
+        out.append(line)
+        if alone and i + 1 < len(lines) and lines[i + 1].strip():
+            out.append("")
+    return "\n".join(out)
+
+
 def _has_image(cell: dict) -> bool:
     return any("image/png" in output.get("data", {}) for output in cell.get("outputs", []))
 
 
-def stage_notebook(source: Path, target: Path) -> int:
+def stage_notebook(source: Path, target: Path, guide: bool = False) -> int:
     """Copy a notebook for the site: widget state dropped, each explorer's outputs replaced by a
-    note after it. Returns the number of explorers."""
+    note after it, each display equation its own paragraph and, with ``guide``, a note under the title cell linking the chapter's guide
+    and saying how to open its slides. Returns the number of explorers."""
     nb = json.loads(source.read_text())
     nb["metadata"].pop("widgets", None)
     cells, explorers = [], 0
     for cell in nb["cells"]:
         cells.append(cell)
+        if cell["cell_type"] == "markdown":
+            cell["source"] = display_math_apart("".join(cell["source"]))
         if cell["cell_type"] == "code" and EXPLORER_CALL.search("".join(cell["source"])):
             explorers += 1
             cell["outputs"] = []
             code_above = [c for c in cells[:-1] if c["cell_type"] == "code"]
             has_figure = bool(code_above) and _has_image(code_above[-1])
             cells.append(explorer_note(source.name, has_figure, f"{cell['id']}-site-note"))
+    if guide:
+        cells.insert(1, teaching_note(source.stem))
     nb["cells"] = cells
     target.write_text(json.dumps(nb, ensure_ascii=False))
     return explorers
@@ -150,18 +207,90 @@ sections; what it skips is listed in the guide.
 """
 
 
+# Inline markdown a cell's opening may hold, kept whole in an excerpt: code spans, math, links.
+_INLINE = re.compile(
+    r"(?P<code>(?P<ticks>`+).+?(?P=ticks))"
+    r"|(?P<math>\$\$.+?\$\$|\$[^$\n]+?\$)"
+    r"|\[(?P<link>[^\]\n]*)\]\([^)\n]*\)"
+)
+# Markdown punctuation that plain text escapes, so a cut never opens emphasis, a role or a tag.
+_ESCAPED = re.compile(r"([\\`*_\[\]{}<>#|~$])")
+
+
+def code_span(text: str) -> str:
+    """``text`` as one markdown code span, whatever backticks it holds (CommonMark: a fence
+    longer than any run of backticks inside, padded with a space where the text starts or ends
+    with one)."""
+    runs = [len(run) for run in re.findall(r"`+", text)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def markdown_excerpt(source: str, limit: int = 90) -> str:
+    """The opening of a markdown cell as inline markdown of about ``limit`` visible characters:
+    its first paragraph (a heading's or a list's marker dropped), emphasis dropped, and code
+    spans, math and link texts kept whole, so that the excerpt renders as the cell does. An
+    unclosed ``$`` or backtick (math or code going on past the paragraph) ends it."""
+    paragraph = []
+    for line in source.strip().splitlines():
+        if not line.strip():
+            break
+        paragraph.append(line.strip())
+        if line.lstrip().startswith("#"):
+            break
+    text = re.sub(r"^(#+|[*+-]|\d+[.)]|>)\s+", "", " ".join(paragraph))
+    pieces, length, position, cut = [], 0, 0, False
+
+    def plain(chunk: str) -> bool:
+        """Append plain text, cut at a word once over the limit; True when cut."""
+        nonlocal length
+        chunk = re.sub(r"\*+|(?<!\w)_+|_+(?!\w)", "", chunk)
+        if length + len(chunk) > limit:
+            room = chunk[: max(limit - length, 0)]
+            chunk = room[: room.rfind(" ")] if " " in room else room
+            pieces.append(_ESCAPED.sub(r"\\\1", chunk.rstrip()))
+            return True
+        pieces.append(_ESCAPED.sub(r"\\\1", chunk))
+        length += len(chunk)
+        return False
+
+    for match in _INLINE.finditer(text):
+        if plain(text[position : match.start()]):
+            cut = True
+            break
+        position = match.end()
+        kept = match.group("link") if match.group("link") is not None else match.group(0)
+        if length + len(kept) > limit:
+            cut = True
+            break
+        pieces.append(_ESCAPED.sub(r"\\\1", kept) if match.group("link") is not None else kept)
+        length += len(kept)
+    else:
+        rest = text[position:]
+        stop = re.search(r"[`$]", rest)  # an opener never closed in this paragraph
+        cut = plain(rest[: stop.start()] if stop else rest) or stop is not None
+    excerpt = "".join(pieces).rstrip()
+    return f"{excerpt}..." if cut else excerpt
+
+
 def deck_omissions(stem: str, spec: dict) -> str:
     """A guide's closing section, from the slide plan: the cells the deck leaves out (``skip``)
-    or moves to the speaker notes (``notes``), by their first line."""
+    or moves to the speaker notes (``notes``), each by its opening (a markdown cell's first
+    paragraph as it renders, a code cell's first line as code)."""
     nb = json.loads((NOTEBOOKS / f"{stem}.ipynb").read_text())
     lines = []
     types = planned_types(nb, spec.get(stem, {}), stem)
     for cell, slide_type in zip(nb["cells"], types, strict=True):
         if slide_type in ("skip", "notes"):
-            first = next((x.strip() for x in "".join(cell["source"]).splitlines() if x.strip()), "")
-            first = first if len(first) <= 90 else first[:87] + "..."
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "markdown":
+                opening = markdown_excerpt(source)
+            else:
+                first = next((x.strip() for x in source.splitlines() if x.strip()), "")
+                opening = code_span(first if len(first) <= 90 else first[:87] + "...")
             where = "left out" if slide_type == "skip" else "speaker notes"
-            lines.append(f"- {where}: {cell['cell_type']} cell `{cell['id']}`: `{first}`")
+            lines.append(f"- {where}: {cell['cell_type']} cell `{cell['id']}`: {opening}")
     body = "\n".join(lines) or "- nothing: every cell is on a slide"
     return (
         "\n\n## What the deck leaves out\n\nFrom `notebooks/slides.yaml` (the notebook keeps "
@@ -177,7 +306,8 @@ def stage(staging: Path) -> dict:
     counts = {"chapters": 0, "explorers": 0, "guides": 0}
     for chapter in CHAPTERS:
         source = NOTEBOOKS / f"{chapter.stem}.ipynb"
-        counts["explorers"] += stage_notebook(source, staging / source.name)
+        has_guide = (GUIDES / f"{chapter.stem}.md").exists()
+        counts["explorers"] += stage_notebook(source, staging / source.name, guide=has_guide)
         counts["chapters"] += 1
     listed = {f"{c.stem}.ipynb" for c in CHAPTERS}
     missing = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb") if p.name not in listed)
