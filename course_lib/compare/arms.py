@@ -6,6 +6,12 @@ Every registered sequence encoding is an arm of its own name, with its module's 
 names are ``<encoding>.<change>``. An ablation is data here, not a new encoding: it adds no
 entry to the registry, and its encoding's file already holds the option.
 
+Saved results are read by the arms they hold (:func:`arms_run`), not by the registry: an
+encoding registered after the runs were made (or an ablation added to a preset) has no runs yet,
+and every reader of the saved results (the report, README's headline, notebook 10, their tests)
+reads the arms that were run and lists the others as :class:`NotRunYet`, with the command that
+runs them (:func:`run_command`), instead of failing.
+
 An ablation trains with its encoding's learning rate (the one the preset's sweep chose for the
 encoding, :mod:`course_lib.compare.runner`): it is the encoding's recipe with one change. Its
 ``metrics`` are the questions it is asked: the comparison tests it against its encoding on those
@@ -14,13 +20,13 @@ encoding, :mod:`course_lib.compare.runner`): it is the encoding's recipe with on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from course_lib.model import OBJECTIVES
 from course_lib.registry import get_encoding, sequence_encodings
 
-__all__ = ["ABLATIONS", "Arm", "arm_names", "get_arm"]
+__all__ = ["ABLATIONS", "Arm", "NotRunYet", "arm_names", "arms_run", "get_arm", "run_command"]
 
 
 @dataclass(frozen=True)
@@ -166,3 +172,41 @@ def get_arm(name: str) -> Arm:
         get_encoding(name)
         return Arm(name, name)
     raise ValueError(f"unknown arm {name!r}; valid: {', '.join(arm_names())}")
+
+
+def arms_run(results: Iterable[dict]) -> tuple[str, ...]:
+    """The arms that have at least one run in ``results`` (under any objective), in
+    :func:`arm_names` order; an arm that is no longer registered comes last, by name."""
+    order = {name: i for i, name in enumerate(arm_names())}
+    found = {r["arm"] for r in results}
+    return tuple(sorted(found, key=lambda arm: (order.get(arm, len(order)), arm)))
+
+
+def run_command(arm: str, preset: str = "cpu") -> str:
+    """The command that trains every run of ``arm`` of ``preset`` into the preset's results
+    folder: for an encoding its learning-rate sweep and then its seeds, for an ablation its
+    seeds (at its encoding's rate, whose runs are read back). Runs already saved there are read
+    back, not trained again."""
+    spec = get_arm(arm)
+    ablations = arm if spec.is_ablation else "none"
+    return (
+        f"python -m course_lib.compare --preset {preset} --encodings {spec.encoding} "
+        f"--ablations {ablations}"
+    )
+
+
+@dataclass(frozen=True)
+class NotRunYet:
+    """An arm of a preset with no run among the saved results: registered (or added to the
+    preset) after they were made. It is no failure: readers of the results leave it out until
+    its runs are saved (``command``), and then its claims join the family."""
+
+    arm: str
+    preset: str = "cpu"
+
+    @property
+    def command(self) -> str:
+        return run_command(self.arm, self.preset)
+
+    def describe(self) -> str:
+        return f"{self.arm}: not run yet (run it with `{self.command}`)"

@@ -33,7 +33,10 @@ is asked about (:attr:`course_lib.compare.arms.Arm.metrics`), and the claims of
 made. Claims on a masked-LM arm that did not leave the unigram plateau
 (:func:`plateau_arms`) are not tested: a ranking of models that have not started learning says
 nothing. A new encoding or ablation adds its claims to the family (and makes every threshold a
-little stricter): that is the price of asking more questions.
+little stricter) once it has runs: that is the price of asking more questions. Until then its
+claims are no question of the results (:func:`declared_claims`): an arm not run yet
+(:meth:`course_lib.compare.presets.Preset.not_run_yet`) changes neither the family nor the
+list of declared questions left untested.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.compare.arms import ABLATIONS
+from course_lib.compare.arms import ABLATIONS, arms_run
 from course_lib.compare.stats import (
     ALPHA,
     METRICS,
@@ -67,6 +70,7 @@ __all__ = [
     "Change",
     "Difference",
     "Verdict",
+    "declared_claims",
     "evaluation_se",
     "judge",
     "plateau_arms",
@@ -176,15 +180,16 @@ AGAINST_ROPE = ("rse", "stick_breaking", "exposb", "alibi", "cope", "fox")
 
 def questions() -> tuple[Claim, ...]:
     """The claims notebook 10 makes besides the ablations, declared before the committed run.
-    Most are rules over the registry, so an encoding registered later brings its own: for each
-    objective and each sequence encoding ``e`` it can train (``none`` aside), ``e`` against
-    ``none`` at the training length; what a long context does to ``e``'s far targets; ``e``'s
-    word-order accuracy above 0.6 (the masked ``none`` is exactly 1/2 by a theorem, the causal
-    one is asked too); on causal runs, retrieval above 0.3 (the bag-of-symbols floor is about
-    0.23). Then the named questions: :data:`AGAINST_ROPE` against RoPE and RSE against the plain
-    stick; the position shift's cost for the encodings that are not relative (``absolute``,
-    ``exposb``); RoPE and ExpoSB past their training length (a long context fine at 2x, costly
-    by 4x: notebook 07); retrieval solved (above 0.95) by RoPE, ExpoSB and RSE."""
+    Most are rules over the registry, so an encoding registered later brings its own (asked of
+    results that hold its runs, :func:`declared_claims`): for each objective and each sequence
+    encoding ``e`` it can train (``none`` aside), ``e`` against ``none`` at the training length;
+    what a long context does to ``e``'s far targets; ``e``'s word-order accuracy above 0.6 (the
+    masked ``none`` is exactly 1/2 by a theorem, the causal one is asked too); on causal runs,
+    retrieval above 0.3 (the bag-of-symbols floor is about 0.23). Then the named questions:
+    :data:`AGAINST_ROPE` against RoPE and RSE against the plain stick; the position shift's cost
+    for the encodings that are not relative (``absolute``, ``exposb``); RoPE and ExpoSB past
+    their training length (a long context fine at 2x, costly by 4x: notebook 07); retrieval
+    solved (above 0.95) by RoPE, ExpoSB and RSE."""
     claims: list[Claim] = []
     for objective in ("mlm", "clm"):
         encodings = [
@@ -236,32 +241,48 @@ def plateau_arms(results: list[dict], margin: float = PLATEAU_MARGIN) -> dict[st
     return stuck
 
 
+def _arms_of(claim: Claim) -> tuple[str, ...]:
+    return (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
+
+
+def declared_claims(results: list[dict]) -> tuple[Claim, ...]:
+    """The declared claims (the ablations' and :func:`questions`) about arms that were run:
+    each of its arms has a run in ``results`` under some objective. A claim about an arm with no
+    run at all (registered after the runs were made) is not one of these results' questions
+    yet: it joins with the arm's runs."""
+    run = set(arms_run(results))
+    declared = dict.fromkeys((*_ablation_claims(), *questions()))
+    return tuple(c for c in declared if set(_arms_of(c)) <= run)
+
+
 def report_claims(results: list[dict]) -> list[Claim]:
-    """The family: the ablation claims and :func:`questions`, each kept when both its arms have
-    runs with the metric, and no loss claim on a masked-LM arm that did not leave the plateau."""
+    """The family: the declared claims of :func:`declared_claims`, each kept when both its arms
+    have runs of its objective with the metric, and no loss claim on a masked-LM arm that did
+    not leave the plateau."""
     groups, stuck = by_arm(results), set(plateau_arms(results))
-    claims = dict.fromkeys((*_ablation_claims(), *questions()))
-    return [c for c in claims if _why_untested(c, groups, stuck) is None]
+    return [c for c in declared_claims(results) if _why_untested(c, groups, stuck) is None]
 
 
 def untested_questions(results: list[dict]) -> list[tuple[Claim, str]]:
-    """The declared questions (:func:`questions`) that :func:`report_claims` leaves out, each
-    with why: a masked-LM arm that did not leave the plateau (loss claims), an arm with no runs
-    (a partial run), a metric the runs record as not applicable (the learned table has no rows
+    """The declared questions (:func:`questions`) about arms that were run
+    (:func:`declared_claims`) that :func:`report_claims` leaves out, each with why: a masked-LM
+    arm that did not leave the plateau (loss claims), an arm with no runs of the claim's
+    objective (a partial run), a metric the runs record as not applicable (the learned table has no rows
     past the training length, so its far targets cannot be read), or a metric the preset does
     not measure. The summary lists them, so a declared question never vanishes silently (the
     committed results' test allows only the plateau and the not-applicable reasons)."""
     groups, stuck = by_arm(results), set(plateau_arms(results))
+    asked = set(questions())
     return [
         (claim, why)
-        for claim in dict.fromkeys(questions())
-        if (why := _why_untested(claim, groups, stuck)) is not None
+        for claim in declared_claims(results)
+        if claim in asked and (why := _why_untested(claim, groups, stuck)) is not None
     ]
 
 
 def _why_untested(claim: Claim, groups: dict, stuck: set) -> str | None:
     """Why ``claim`` cannot be tested on these runs (None: it can)."""
-    arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
+    arms = _arms_of(claim)
     if claim.objective == "mlm" and METRICS[claim.metric].kind == "loss" and stuck & set(arms):
         return "an arm did not leave the unigram plateau"
     for arm in arms:

@@ -237,8 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.exit(2, f"{parser.prog}: error: {error}\n")
         for path in written:
             print(f"wrote {path}")
+        saved = preset_results(out_dir, preset)
         if preset.name == "cpu" and Path(out_dir).resolve() == default_out_dir("cpu").resolve():
-            print(f"wrote {update_readme_headline(preset_results(out_dir, preset))}")
+            print(f"wrote {update_readme_headline(saved)}")
+        for missing in preset.not_run_yet(saved):  # registered after the runs were made
+            print(missing.describe())
         return 0
     if args.timing:
         out_dir = args.out_dir or default_out_dir(preset.name)

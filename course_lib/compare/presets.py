@@ -23,7 +23,8 @@ reads only the **selection** split.
 
 :func:`choose_preset` picks one by name (``"auto"`` = ``gpu`` if CUDA is available, else ``cpu``).
 A preset's runs cover every registered sequence encoding unless its ``encodings`` names some,
-then its ``ablations`` (:mod:`course_lib.compare.arms`), once per seed in ``seeds``.
+then its ``ablations`` (:mod:`course_lib.compare.arms`), once per seed in ``seeds``; of its saved
+runs, :meth:`Preset.not_run_yet` names the arms that have none yet.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from course_lib.compare.arms import ABLATIONS, get_arm
+from course_lib.compare.arms import ABLATIONS, NotRunYet, arms_run, get_arm
 from course_lib.compare.results import FORMAT_VERSION
 from course_lib.data import VOCAB_SIZE, ProbeBatch, retrieval_probe, word_order_probe
 from course_lib.model import OBJECTIVES, BertConfig
@@ -196,6 +197,15 @@ class Preset:
     def arm_names(self) -> tuple[str, ...]:
         """The arms a comparison of this preset trains: its encodings, then its ablations."""
         return (*self.encoding_names(), *self.ablations)
+
+    def not_run_yet(self, results: list[dict]) -> tuple[NotRunYet, ...]:
+        """The arms of this preset (:meth:`arm_names`) that have no run in ``results`` (its
+        saved runs, :func:`course_lib.compare.runner.preset_results`): an encoding registered,
+        or an ablation added, after the runs were made. Readers of the saved results read the
+        arms that were run (:func:`course_lib.compare.arms.arms_run`) and list these, each with
+        the command that runs it."""
+        run = set(arms_run(results))
+        return tuple(NotRunYet(arm, self.name) for arm in self.arm_names() if arm not in run)
 
     def rates(self, objective: str) -> tuple[float, ...]:
         """The sweep's grid for ``objective``'s runs (empty: no sweep)."""
