@@ -18,7 +18,6 @@ whose arithmetic differs only in the last bits (another CPU's kernels) can end d
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from course_lib.teaching.verdict_margins import Verdict
@@ -111,8 +110,3 @@ def read_run(run: TrainedWindowModel) -> dict[str, float]:
 def window_lambdas(seed: int) -> dict[str, float]:
     """Train seed ``seed`` as notebook 05 does and :func:`read_run` it."""
     return read_run(train_window_model("rse", WindowTaskConfig(seed=seed)))
-
-
-def log10_gap(a: float, b: float) -> float:
-    """``|log10 a - log10 b|``: how many decades apart two lambdas are."""
-    return abs(math.log10(a) - math.log10(b))

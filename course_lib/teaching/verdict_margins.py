@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 CAPABILITIES = ("default", "avx2", "avx512")
+THREADS = (1, 2)
 MARGIN_FACTOR = 3.0
 
 
@@ -67,7 +68,6 @@ class Verdict:
     def holds(self, per_seed: Mapping[str, Mapping[str, float]]) -> bool:
         value = self.reduce(per_seed)
         return value > self.threshold if self.above else value < self.threshold
-THREADS = (1, 2)
 
 
 def load_function(spec: str) -> Callable[[int], Mapping[str, float]]:
