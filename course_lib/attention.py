@@ -20,15 +20,18 @@ encodings) or the name of any registered encoding that acts inside attention (se
 ``scale = 1/sqrt(head_dim)`` unless given (a finite number > 0). A padded key
 (``key_padding_mask`` False) gets weight 0, and its k and v rows are zeroed first, so it
 contributes nothing whatever it holds; an empty batch or sequence gives the empty output.
-``backend="reference"`` is the from-scratch PyTorch code below; ``backend="triton"`` runs the
-fused kernels with the tables and bias the record's kernel hooks build
+``backend="reference"`` is the from-scratch PyTorch code below (it forms the ``[seq_q, seq_k]``
+matrices, and refuses, before allocating, sizes whose buffers exceed the machine's memory);
+``backend="triton"`` runs the fused kernels with the tables and bias the record's kernel hooks build
 (``course_lib.flash_ops`` / ``course_lib.stick_ops``): the same function.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -132,6 +135,61 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
     return encoding, position_ids, params, k, v
 
 
+#: How many ``[seq_q, seq_k]`` float32 buffers per (batch, head) the reference holds at once,
+#: at the least (scores, bias, masked scores, weights and their temporaries: 5 to 7 measured for
+#: the plain methods without gradients; T5's buckets, RSE and CoPE hold 11 to 20).
+REFERENCE_BUFFERS = 6
+
+
+def machine_memory(device: torch.device) -> int | None:
+    """Bytes of memory ``device`` has in all (a CUDA device's, or this machine's RAM, lowered
+    to a cgroup limit where one is set), or None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type != "cpu":
+        return None
+    return _ram_bytes()
+
+
+def _ram_bytes() -> int | None:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = int(Path(limit_file).read_text().strip())
+        except (OSError, ValueError):  # absent, or "max"
+            continue
+        total = min(total, limit)
+    return total
+
+
+def _check_reference_memory(q: torch.Tensor, k: torch.Tensor) -> None:
+    """Refuse, before allocating, a reference call whose ``[batch, heads, seq_q, seq_k]``
+    buffers clearly exceed the memory of the machine (:data:`REFERENCE_BUFFERS` of them)."""
+    batch, heads, seq_q, _ = q.shape
+    itemsize = 8 if q.dtype == torch.float64 else 4
+    one = batch * heads * seq_q * k.shape[2] * itemsize
+    need = REFERENCE_BUFFERS * one
+    if need < 2**30:  # never worth a look below 1 GiB
+        return
+    total = machine_memory(q.device)
+    if total is not None and need > total:
+        where = "this machine's memory" if q.device.type == "cpu" else f"memory on {q.device}"
+        raise ValueError(
+            f"backend='reference' forms the attention matrix: batch {batch} x heads {heads} x "
+            f"seq_q {seq_q} x seq_k {k.shape[2]} scores take {_gib(one)} per buffer, and it "
+            f"holds about {REFERENCE_BUFFERS} such buffers at once ({_gib(need)}), more than "
+            f"the {_gib(total)} of {where}. Use backend='triton' (the fused "
+            "kernels never form the matrix), shorter sequences, or fewer sequences per call"
+        )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:,.1f} GiB"
+
+
 def _visible(seq_q, seq_k, causal, key_padding_mask, device):
     """Bool ``[batch or 1, 1, seq_q, seq_k]``: key j visible to query i (softmax; j <= i)."""
     query_at = torch.arange(seq_q, device=device).unsqueeze(-1) + (seq_k - seq_q)
@@ -187,6 +245,7 @@ def attention_weights(
         q, k, k, method, causal, key_padding_mask, position_ids, params
     )  # k stands in for v: only its shape is checked
     encoding = _with_normaliser(encoding, method, normaliser)
+    _check_reference_memory(q, k)
     return _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
 
 
@@ -219,6 +278,7 @@ def attention(
     # (the code below handles empty tensors; no kernel is launched).
     if backend == "triton" and q.numel() > 0:
         return _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params)
+    _check_reference_memory(q, k)
     weights = _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
     values = v.to(weights.dtype)
     out = torch.matmul(weights, values)  # [B, H, Nq, D]

@@ -18,7 +18,15 @@ each size holds the same number of tokens) it times the forward pass and forward
 * ``torch.nn.functional.scaled_dot_product_attention`` (SDPA, the baseline of the ratios),
 * "RoPE + SDPA": ``course_lib.encodings.apply_rope`` on q and k, then SDPA,
 * "exposb + FlexAttention": ``apply_exposb`` on q and k, then ``flex_attention`` with the exposb
-  distance bias as a ``score_mod`` ("n/a" where FlexAttention is unavailable).
+  distance bias as a ``score_mod`` ("n/a" where FlexAttention is unavailable),
+* "FlexAttention, no score_mod": the sanity row. FlexAttention is compiled once for the run and
+  takes a causal ``BlockMask`` built once per length (``course_lib.gpu_check.speed.FlexBaseline``);
+  where this row is below 0.5x SDPA's speed (or missing) the run's FlexAttention is not the
+  fused one a user gets, and every FlexAttention time is marked unreliable (``flex_sanity`` in
+  the results).
+
+SDPA's records say which backend SDPA ran (``sdpa_backend``), FlexAttention's which kernel
+options (``flex_options``; None: FlexAttention's own choice).
 
 Times are medians of ``triton.testing.do_bench``. TFLOP/s counts ``4 * B * H * N^2 * D`` for the
 forward and 2.5 times that for the backward (3.5 times for forward + backward), halved when
@@ -86,24 +94,9 @@ def exposb_score_mod(score, b, h, q_idx, kv_idx):
     return score + torch.log(0.7 + 0.3 * torch.exp(-0.005 * distance))
 
 
-def _causal_mask_mod(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
-_COMPILED_FLEX = []
-
-
-def _compiled_flex_attention(flex_attention):
-    """One ``torch.compile``d FlexAttention for the whole run (uncompiled it materialises scores).
-
-    Each size is a new specialisation, so the recompile limit is raised above the run's count.
-    """
-    if not _COMPILED_FLEX:
-        import torch._dynamo
-
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
-    return _COMPILED_FLEX[0]
+#: FlexAttention with no ``score_mod``: its time against SDPA's says whether the FlexAttention
+#: this run compiled is the fused one a user gets (see ``course_lib.gpu_check.speed``).
+FLEX_PLAIN = "FlexAttention, no score_mod"
 
 
 def encoding_params(encoding, batch: int, heads: int, seq: int, head_dim: int, device) -> dict:
@@ -187,26 +180,27 @@ def build_methods(
         from course_lib.encodings import apply_exposb, apply_rope
     except ImportError:  # noqa: BLE001 - the PyTorch encodings moved; report, do not stop
         methods["RoPE + SDPA"] = methods["exposb + FlexAttention"] = "n/a"
+        methods[FLEX_PLAIN] = "n/a"
         return methods
     methods["RoPE + SDPA"] = lambda q, k, v: F.scaled_dot_product_attention(
         apply_rope(q, positions), apply_rope(k, positions), v, is_causal=causal
     )
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from course_lib.gpu_check.speed import flex_baseline
 
-        flex = _compiled_flex_attention(flex_attention)
-        block_mask = None
-        if causal:
-            block_mask = create_block_mask(_causal_mask_mod, None, None, seq, seq, device=device)
-        methods["exposb + FlexAttention"] = lambda q, k, v: flex(
-            apply_exposb(q, positions),
-            apply_exposb(k, positions),
-            v,
-            score_mod=exposb_score_mod,
-            block_mask=block_mask,
+    try:
+        flex = flex_baseline()  # compiled once for the run; the causal BlockMask once per length
+        if flex is None:
+            raise ImportError("this PyTorch has no FlexAttention")
+        methods[FLEX_PLAIN] = flex.attention(seq, device, causal)
+        methods["exposb + FlexAttention"] = flex.attention(
+            seq,
+            device,
+            causal,
+            exposb_score_mod,
+            prepare=lambda x: apply_exposb(x, positions),
         )
     except Exception:  # noqa: BLE001 - older torch, or no compiler toolchain
-        methods["exposb + FlexAttention"] = "n/a"
+        methods[FLEX_PLAIN] = methods["exposb + FlexAttention"] = "n/a"
     return methods
 
 
@@ -304,6 +298,12 @@ def time_one(name: str, fn: Attention | str, q, k, v, grad_out, causal: bool, pa
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
             record["status"] = f"error: {type(exc).__name__}: {exc}"[:200]
         torch.cuda.empty_cache()
+        if "FlexAttention" in name:
+            record["flex_options"] = getattr(fn, "options", None)
+        elif name == BASELINE:
+            from course_lib.gpu_check.speed import sdpa_backend
+
+            record["sdpa_backend"] = sdpa_backend(q, k, v, causal, pass_ != "fwd")
     return record
 
 
@@ -341,7 +341,12 @@ def run_benchmark(
                 del q, k, v, grad_out, methods
                 torch.cuda.empty_cache()
     _add_ratios(records)
-    return {"records": records, "checks": checks}
+    sanity = flex_sanity(records)
+    if not sanity["reliable"]:
+        for r in records:
+            if "FlexAttention" in r["method"] and r["method"] != FLEX_PLAIN:
+                r["status"] = "unreliable (FlexAttention sanity)" if r["ms"] else r["status"]
+    return {"records": records, "checks": checks, "flex_sanity": sanity}
 
 
 def _progress_line(r: dict) -> str:
@@ -360,6 +365,22 @@ def _add_ratios(records: list[dict]) -> None:
     for r in records:
         base = baseline.get((r["head_dim"], r["causal"], r["seq"], r["pass"]))
         r["vs_sdpa"] = base / r["ms"] if base and r["ms"] else None
+
+
+def flex_sanity(records: list[dict]) -> dict:
+    """The gpu check's rule on this benchmark's records: FlexAttention with no ``score_mod``
+    at no less than ``SANITY_MIN`` x SDPA's speed at every size and pass, or every
+    FlexAttention time of the run is unreliable (``course_lib.gpu_check.speed.flex_sanity``)."""
+    from course_lib.gpu_check.speed import FLEX_SANITY
+    from course_lib.gpu_check.speed import flex_sanity as rule
+
+    return rule(
+        [
+            dict(r, contender=FLEX_SANITY if r["method"] == FLEX_PLAIN else r["method"],
+                 pass_=r["pass"], dtype=str(DTYPE).removeprefix("torch."))
+            for r in records
+        ]
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | {DTYPE}")
     results = run_benchmark(seqs, head_dims, causal_modes, args.tokens, args.hidden)
     print(format_table(results["records"]))
+    sanity = results["flex_sanity"]
+    print(f"\nFlexAttention sanity: {'reliable' if sanity['reliable'] else 'UNRELIABLE'}: "
+          f"{sanity['reason']}")  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     payload = dict(
         environment=env,

@@ -101,5 +101,7 @@ def cope_attention(
     # the position logits z stay float32 under autocast too (autocast would run this product
     # in the 16-bit dtype, and the kernel's counts need float32 logits)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        z = torch.matmul(inputs[0].float(), e.float().transpose(0, 1)).contiguous()  # [B, H, N, npos]
+        z = torch.matmul(
+            inputs[0].float(), e.float().transpose(0, 1)
+        ).contiguous()  # [B, H, N, npos]
     return _CoPEFunction.apply(*inputs, z, mask, scale, block).to(q.dtype)

@@ -207,13 +207,19 @@ STICK_BREAKING = KernelFamily(
 
 class _FusedAttentionFunction(torch.autograd.Function):
     """Forward saves q, k, v and what the family's backward needs (flash: the output and its
-    per-row log-sum-exp; stick-breaking: each stick's total); backward recomputes the tiles."""
+    per-row log-sum-exp; stick-breaking: each stick's total); backward recomputes the tiles.
+
+    With q/k tables, q and k go through them once (``kernels/qk_transform.py``), the family's
+    loops run on ``q'``, ``k'`` as plain attention does, and ``q'``, ``k'`` are what is saved
+    (in place of q and k: no more memory); the backward maps the gradients back once."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias_tensor, call: KernelCall, causal: bool, family: KernelFamily):
         kernels = load_kernel_module(family.module)
         options = call.launch_options(causal, bias_tensor)
         launch = getattr(kernels, family.forward)
+        if call.qk_tables is not None:
+            q, k = load_kernel_module("qk_transform").encode_qk(q, k, call.qk_tables)
         # A learnable bias in 16 bits: the flash backward's delta is taken from the float32
         # output (see flash_attention_backward), and the caller gets it rounded to q's dtype.
         keep_fp32 = (
@@ -222,7 +228,8 @@ class _FusedAttentionFunction(torch.autograd.Function):
             and q.dtype in (torch.float16, torch.bfloat16)
         )
         extra = {"out_dtype": torch.float32} if keep_fp32 else {}
-        out, state = launch(q, k, v, call.positions, call.mask, **options, **extra)
+        loop_options = dict(options, qk_tables=None)  # q and k are q', k' now
+        out, state = launch(q, k, v, call.positions, call.mask, **loop_options, **extra)
         ctx.save_for_backward(
             q, k, v, *((out, state) if family.backward_takes_output else (state,))
         )
@@ -238,7 +245,7 @@ class _FusedAttentionFunction(torch.autograd.Function):
         want_bias_grad = ctx.needs_input_grad[3]
         dq, dk, dv, dparams = getattr(kernels, ctx.family.backward)(
             grad_out, q, k, v, *saved, call.positions, call.mask, bias_grad=want_bias_grad,
-            **ctx.options,
+            encoded=True, **ctx.options,
         )  # fmt: skip
         d_bias = dparams.to(call.bias_tensor.dtype) if want_bias_grad else None
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_bias, None, None, None

@@ -21,7 +21,8 @@ which covers RoPE in both layouts, any RoPE scaling (scaled angles, an attention
 into cos and sin), ExpoSB's amplitude (in cos/sin) and band gain (``gain``), and axial 2D RoPE
 (angles from the row or the column). Keys may have tables of their own (``key_cos``,
 ``key_sin``), for a transform that treats queries and keys differently: xPos scales the query's
-pairs by ``zeta^(n/s)`` and the key's by ``zeta^(-m/s)``.
+pairs by ``zeta^((n - c)/s)`` and the key's by ``zeta^(-(m - c)/s)`` (``c`` the middle of the
+sequence's positions, as in the reference).
 
 Precision: the tables are float32, built by torch from the positions exactly as the reference
 builds its own (RoPE: ``p * w`` with ``p`` converted to float32), so both backends compute the

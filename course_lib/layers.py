@@ -97,9 +97,21 @@ class KVCache:
                 f"{tuple(k.shape)} and {tuple(v.shape)}"
             )
         batch, _, seq, _ = k.shape
+        lead = "1" if batch == 1 else f"1 or {batch}"
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(
+                f"KVCache.append: positions must be a tensor [{lead}, {seq}] (or [{lead}, {seq}, "
+                f"2]), got {type(positions).__name__}"
+            )
+        if positions.dim() not in (2, 3):
+            raise ValueError(
+                f"KVCache.append: positions must be [{lead}, {seq}] (one per new key; [{lead}, "
+                f"{seq}, 2] for two coordinates), with a batch axis, got "
+                f"{tuple(positions.shape)}: e.g. positions[None] for [{seq}] positions"
+            )
         if positions.shape[1] != seq or positions.shape[0] not in (1, batch):
             raise ValueError(
-                f"KVCache.append: positions must be [1 or {batch}, {seq}, ...] (one per new key), "
+                f"KVCache.append: positions must be [{lead}, {seq}, ...] (one per new key), "
                 f"got {tuple(positions.shape)}"
             )
         if mask is not None and tuple(mask.shape) != (batch, seq):

@@ -53,9 +53,10 @@ class Encoding:
     """One positional encoding: what it does in each of the four places, and what it claims.
 
     Identity: ``name`` (the key everywhere: ``get_attention_class(name)``, the comparison, the
-    figures), ``chapter`` (the notebook that teaches it), ``summary`` (one line), ``color`` (its
-    colour in every figure), ``module`` (its attention module class, built on
-    :class:`course_lib.layers.PositionalSelfAttention`).
+    figures), ``summary`` (one line), ``color`` (its colour in every figure), ``module`` (its
+    attention module class, built on :class:`course_lib.layers.PositionalSelfAttention`), and
+    optionally ``chapter`` (the notebook that teaches it, e.g. ``"06_score_biases"``: the registry
+    lists encodings in the course's order by it; one without a chapter comes after them).
 
     The four places (None: the encoding does nothing there):
 
@@ -82,7 +83,8 @@ class Encoding:
 
     ``params``: the keyword parameters ``attention(method=name, ...)`` takes, with defaults
     (:data:`REQUIRED` for none); ``check_params(params, *, heads, head_dim, device, causal, positions, batch)``
-    validates them, and may fill in a default that depends on the call (e.g. one value per head).
+    validates them, and may fill in a default that depends on the call (e.g. one value per head)
+    or a value derived from it (xPos adds ``centre``, the middle of each sequence's positions).
     ``per_key_params``: those that hold one value per key on their last axis (a term the module
     computes from each token, e.g. FoX's forget gates): a key/value cache keeps them with the keys.
 
@@ -105,19 +107,24 @@ class Encoding:
     attention part has no kernel sets ``kernel_support`` to a sentence saying why, and the Triton
     backend refuses it with that sentence.
 
-    Claims, checked for every record by the conformance tests: ``relative`` (the scores depend on
-    positions only through ``p_i - p_j``: shifting every position changes nothing),
-    ``causal_only`` (no bidirectional form), ``learnable`` (it has trainable parameters).
+    Claims, checked for every record by the conformance checks (:mod:`course_lib.conformance`):
+    ``relative`` (shift-invariant: shifting every position of a sequence by the same amount
+    changes nothing; true of anything that reads positions only through ``p_i - p_j``, and also of
+    a bias that counts positions from the sequence's first key), ``distance_only`` (its score bias,
+    place 3, is a function of ``p_i - p_j`` alone, one value per diagonal: what lets a baseline
+    such as FlexAttention read it from a table per distance; None: True exactly when
+    ``distance_bias`` is given; a record without a score bias cannot claim it), ``causal_only``
+    (no bidirectional form), ``learnable`` (it has trainable parameters).
     ``position_dims``: coordinates per token, 1 (a sequence: ``position_ids`` ``[seq]``) or 2 (an
     image: ``[seq, 2]``, the (row, column) of each patch; there is no default).
     ``reads_positions``: set it to False for a score bias computed from content alone.
     """
 
     name: str
-    chapter: str
     summary: str
     module: type
     color: str
+    chapter: str | None = None
     inputs: str | None = None
     qk_transform: Callable | None = None
     key_transform: Callable | None = None
@@ -134,6 +141,7 @@ class Encoding:
     kernel_attention: Callable | None = None
     kernel_support: str | None = None
     relative: bool = False
+    distance_only: bool | None = None
     causal_only: bool = False
     learnable: bool = False
     position_dims: int = 1
@@ -163,6 +171,17 @@ class Encoding:
         elif self.score_bias is not None and self.kernel_bias is None and not self.kernel_support:
             raise ValueError(f"{self.name}: score_bias needs kernel_bias (or kernel_support)")
         object.__setattr__(self, "kernel_hooks", tuple(self.kernel_hooks))
+        if self.distance_only is None:
+            object.__setattr__(self, "distance_only", self.distance_bias is not None)
+        elif self.distance_only and self.score_bias is None:
+            raise ValueError(
+                f"{self.name}: distance_only describes a score bias, and this record has none"
+            )
+        elif not self.distance_only and self.distance_bias is not None:
+            raise ValueError(
+                f"{self.name}: a bias given as distance_bias is a function of the distance; "
+                "drop distance_only=False"
+            )
         if self.score_bias_from_scores is not None:
             if self.normaliser != "softmax":
                 raise ValueError(
@@ -242,7 +261,9 @@ def register(encoding: Encoding) -> Encoding:
     if encoding.name in _REGISTRY:
         raise ValueError(f"an encoding named {encoding.name!r} is already registered")
     _REGISTRY[encoding.name] = encoding
-    in_course_order = sorted(_REGISTRY.values(), key=lambda e: e.chapter)  # stable
+    in_course_order = sorted(  # stable; encodings without a chapter after the course's
+        _REGISTRY.values(), key=lambda e: (e.chapter is None, e.chapter or "")
+    )
     _REGISTRY.clear()
     _REGISTRY.update((e.name, e) for e in in_course_order)
     return encoding

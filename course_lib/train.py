@@ -428,11 +428,9 @@ def train_model(
                 model.config.objective, train_tokens, config, generator
             )
             if data_parallel is None:
-                input_ids, labels = input_ids.to(device), labels.to(device)
-                with autocast(device, config.autocast_dtype):
-                    loss = model(input_ids, labels=labels).loss
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss = _one_process_backward(
+                    model, input_ids, labels, optimizer, config.autocast_dtype
+                )
             else:
                 loss = _data_parallel_backward(
                     trained, data_parallel, input_ids, labels, optimizer, config.autocast_dtype
@@ -522,6 +520,24 @@ def _read_checkpoint(path: Path | None, meta: dict) -> dict | None:
     saved = load_checkpoint(path, map_location="cpu")
     _check_meta(path, saved["meta"], meta)
     return saved
+
+
+def _one_process_backward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    autocast_dtype: str | None,
+) -> torch.Tensor:
+    """Forward and backward of the whole batch ``(input_ids, labels)`` (both ``[B, L]``) in this
+    process; returns the mean loss over its labelled tokens (a 0-d tensor)."""
+    device = model_device(model)
+    input_ids, labels = input_ids.to(device), labels.to(device)
+    with autocast(device, autocast_dtype):
+        loss = model(input_ids, labels=labels).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss
 
 
 def _data_parallel_backward(

@@ -12,14 +12,10 @@ The function, for query ``i`` and key ``j`` of one (batch, head)::
 
 with key ``j`` allowed iff it is a real token and (not causal or ``j <= i``).
 
-* ``q'``, ``k'``: the caller's per-token tables (``HAS_TABLES``, a ``tl.constexpr``): channel
-  pair ``t`` = ``(x_1, x_2)`` of the token at sequence index ``s`` becomes
-  ``x'_1 = g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``x'_2 = g_2 (x_1 sin[s, t] + x_2 cos[s, t])``
-  (``g``: the optional per-channel ``gain``, ``HAS_GAIN``). Keys read tables of their own
-  (``KCOS``, ``KSIN``: the query's again unless the caller gives others, as xPos does). Without
-  tables ``q' = q``. This transform (:func:`_load_encoded`, and its transpose
-  :func:`_store_decoded`) is the one both kernel families use: the stick-breaking kernels call
-  it too.
+* ``q'``, ``k'``: q and k through the caller's per-token tables, if any (rotation and gain per
+  channel pair; keys may have tables of their own, as xPos's do; without tables ``q' = q``). The
+  launchers apply them once per call, before the loops (:mod:`.qk_transform`), and map the
+  gradients back once after: the loops are plain attention's, whatever the tables.
 * ``b_ij``: a score-bias hook object (:mod:`.score_bias`) whose function is passed in as the
   constexpr ``BIAS_FN``, or
   None (no bias, no position loads). A hook with a factor form (``BIAS_FACTOR``; ExpoSB's, whose
@@ -36,19 +32,18 @@ Design:
   the multiply-add that forms the exponent (``exp2(s * c - m)``; without a bias the forward takes
   the row maximum of the unscaled scores, so ``c >= 0`` and the scale's sign is put into q once).
   The forward stores the per-row log-sum-exp (base 2) for the backward.
-* The tables are applied to each loaded q/k tile inside the kernels, in fp32; no transformed
-  copy of q or k is ever written. A tile is split into its two pair halves, ``x_1`` (channels
-  ``2t`` or ``t``) and ``x_2`` (channels ``2t+1`` or ``t + D/2``; interleaved pairs are loaded as
-  whole rows and split in registers), so the transform is elementwise and ``q' . k'`` is two
-  ``tl.dot`` over half the channels; gradients are stored back through the transposed transform
-  the same way. cos/sin come precomputed from the caller, so the inner loops spend no time on
-  transcendental functions. Without tables a 16-bit tile is loaded whole and ``q . k`` is one
-  ``tl.dot`` (fp32 keeps the halves: its CUDA-core products need fewer registers that way).
+* Per token, once; per pair, fused. A q/k transform is O(seq x head_dim): inside the loops it
+  would be paid for every key tile in every query block, ``seq / BLOCK_M`` times per key, with
+  its tables' loads. So :func:`flash_attention_forward` writes ``q'``, ``k'`` in one pass each
+  (:func:`.qk_transform.encode_qk`, float32 arithmetic rounded once to the input dtype) and the
+  backward's loops write the float32 gradients w.r.t. ``q'``, ``k'``, which one more pass maps
+  back (:func:`.qk_transform.decode_qk_grads`). A 16-bit tile is loaded whole and ``q . k`` is
+  one ``tl.dot``; fp32 splits it into the two halves of the channels (``PAIR_HALVES``: its
+  CUDA-core products need fewer registers that way).
 * Backward, deterministic, no atomics: a pre-pass computes ``delta_i = rowsum(dO_i * O_i)``; one
   kernel walks the query blocks for each key block (dK, dV, and the score bias's parameter
   gradient from ``dS``, as per-program partial sums reduced with torch after the launch),
-  another walks the key blocks for each query block (dQ). Gradients w.r.t. ``q'``/``k'`` are
-  mapped back to ``q``/``k`` with the transpose of the transform: ``dq = R^T (g * dq')``.
+  another walks the key blocks for each query block (dQ).
 * Two loops per kernel: the tiles every pair of which is allowed (below the causal diagonal, or
   any whole tile when bidirectional) run a loop with no causal mask, no bounds checks and no
   index clamping (a key-padding mask still applies); the diagonal band of a causal mask and the
@@ -74,6 +69,16 @@ from .common import (
     smem_per_block,
 )
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
+from .qk_transform import (
+    _half_pad,
+    _load_encoded,
+    _load_rows,
+    _pair_channels,
+    _pair_gains,
+    _store_decoded,
+    decode_qk_grads,
+    encode_qk,
+)
 from .score_bias import GradTiles, tile_slot, tile_slot_count
 
 __all__ = [
@@ -92,167 +97,6 @@ LOG2E = 1.4426950408889634
 # --------------------------------------------------------------------------------------------
 # Tile helpers
 # --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _pair_channels(HEAD_DIM: tl.constexpr, HALF_PAD: tl.constexpr, HALF_LAYOUT: tl.constexpr):
-    """Pair index ``t`` (padded to ``HALF_PAD``), its validity, and the two channels of the pair.
-
-    Interleaved: pair ``t`` is channels ``(2t, 2t+1)``; half: ``(t, t + HEAD_DIM/2)``.
-    """
-    t = tl.arange(0, HALF_PAD)
-    pair_valid = t < HEAD_DIM // 2
-    if HALF_LAYOUT:
-        first = t
-        second = t + HEAD_DIM // 2
-    else:
-        first = 2 * t
-        second = 2 * t + 1
-    return t, pair_valid, first, second
-
-
-@triton.jit
-def _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM: tl.constexpr,
-               BOUNDS: tl.constexpr):  # fmt: skip
-    """Load a ``[rows, HEAD_DIM]`` tile of a ``[seq, HEAD_DIM]`` matrix (with ``BOUNDS``, rows
-    past the end are 0; without, every row must exist)."""
-    ptrs = base + offs_row[:, None] * stride_s + tl.arange(0, HEAD_DIM)[None, :] * stride_d
-    if BOUNDS:
-        x = tl.load(ptrs, mask=row_valid[:, None], other=0.0)
-    else:
-        x = tl.load(ptrs)
-    return x
-
-
-@triton.jit
-def _load_encoded(
-    base,
-    stride_s,
-    stride_d,
-    COS,
-    SIN,
-    offs_row,
-    row_valid,
-    t,
-    pair_valid,
-    first,
-    second,
-    gain_first,
-    gain_second,
-    HEAD_DIM: tl.constexpr,
-    HALF_PAD: tl.constexpr,
-    HALF_LAYOUT: tl.constexpr,
-    PAIR_HALVES: tl.constexpr,
-    HAS_TABLES: tl.constexpr,
-    HAS_GAIN: tl.constexpr,
-    BOUNDS: tl.constexpr,
-):
-    """Load a q or k tile for ``q' . k'``: with ``PAIR_HALVES`` (always with tables), its pair
-    halves ``(x'_1, x'_2)``, each ``[rows, HALF_PAD]``; without, the whole ``[rows, HEAD_DIM]``
-    tile, twice.
-
-    With tables: ``x'_1 = x_1 cos - x_2 sin``, ``x'_2 = x_1 sin + x_2 cos`` (fp32), times the
-    gain if ``HAS_GAIN``, cast back to the input dtype; then ``q' . k' = q'_1 . k'_1 + q'_2 .
-    k'_2``. Rows past the end are 0 with ``BOUNDS``; without it every row must exist.
-    """
-    if PAIR_HALVES:
-        row_ptrs = base + offs_row[:, None] * stride_s
-        if BOUNDS:
-            mask = row_valid[:, None] & pair_valid[None, :]
-        else:  # (head_dim 16: pairs padded to tl.dot's minimum width)
-            mask = (offs_row >= 0)[:, None] & pair_valid[None, :]
-        if HALF_PAD != HEAD_DIM // 2:
-            x1 = tl.load(row_ptrs + first[None, :] * stride_d, mask=mask, other=0.0)
-            x2 = tl.load(row_ptrs + second[None, :] * stride_d, mask=mask, other=0.0)
-        elif HALF_LAYOUT:
-            x1 = _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM // 2, BOUNDS)
-            x2 = _load_rows(base + (HEAD_DIM // 2) * stride_d, offs_row, row_valid, stride_s,
-                            stride_d, HEAD_DIM // 2, BOUNDS)  # fmt: skip
-        else:  # interleaved pairs: one contiguous load, split in registers
-            x = _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM, BOUNDS)
-            x1, x2 = tl.split(tl.reshape(x, [offs_row.shape[0], HEAD_DIM // 2, 2]))
-        if HAS_TABLES:
-            table = offs_row[:, None] * (HEAD_DIM // 2) + t[None, :]
-            if BOUNDS or HALF_PAD != HEAD_DIM // 2:
-                cos = tl.load(COS + table, mask=mask, other=0.0)
-                sin = tl.load(SIN + table, mask=mask, other=0.0)
-            else:
-                cos = tl.load(COS + table)
-                sin = tl.load(SIN + table)
-            x1f = x1.to(tl.float32)
-            x2f = x2.to(tl.float32)
-            y1 = x1f * cos - x2f * sin
-            y2 = x1f * sin + x2f * cos
-            if HAS_GAIN:
-                y1 = y1 * gain_first[None, :]
-                y2 = y2 * gain_second[None, :]
-            x1 = y1.to(x1.dtype)
-            x2 = y2.to(x2.dtype)
-    else:
-        x1 = _load_rows(base, offs_row, row_valid, stride_s, stride_d, HEAD_DIM, BOUNDS)
-        x2 = x1
-    return x1, x2
-
-
-@triton.jit
-def _store_decoded(
-    base,
-    dy1,
-    dy2,
-    COS,
-    SIN,
-    offs_row,
-    row_valid,
-    t,
-    pair_valid,
-    first,
-    second,
-    gain_first,
-    gain_second,
-    HEAD_DIM: tl.constexpr,
-    PAIR_HALVES: tl.constexpr,
-    HAS_TABLES: tl.constexpr,
-    HAS_GAIN: tl.constexpr,
-):
-    """Store the gradient w.r.t. x (a contiguous ``[seq, HEAD_DIM]`` matrix) given the fp32
-    gradient w.r.t. ``x'``: its pair halves ``dy1``, ``dy2`` with ``PAIR_HALVES``, the whole
-    tile ``dy1`` without.
-
-    The transpose of :func:`_load_encoded`: ``dx_1 = cos g_1 dy_1 + sin g_2 dy_2``,
-    ``dx_2 = -sin g_1 dy_1 + cos g_2 dy_2`` (``g = 1`` without a gain).
-    """
-    if PAIR_HALVES:
-        mask = row_valid[:, None] & pair_valid[None, :]
-        if HAS_TABLES:
-            if HAS_GAIN:
-                dy1 = dy1 * gain_first[None, :]
-                dy2 = dy2 * gain_second[None, :]
-            table = offs_row[:, None] * (HEAD_DIM // 2) + t[None, :]
-            cos = tl.load(COS + table, mask=mask, other=0.0)
-            sin = tl.load(SIN + table, mask=mask, other=0.0)
-            dx1 = dy1 * cos + dy2 * sin
-            dx2 = dy2 * cos - dy1 * sin
-        else:
-            dx1 = dy1
-            dx2 = dy2
-        row_ptrs = base + offs_row[:, None] * HEAD_DIM
-        tl.store(row_ptrs + first[None, :], dx1.to(base.dtype.element_ty), mask=mask)
-        tl.store(row_ptrs + second[None, :], dx2.to(base.dtype.element_ty), mask=mask)
-    else:
-        ptrs = base + offs_row[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-        tl.store(ptrs, dy1.to(base.dtype.element_ty), mask=row_valid[:, None])
-
-
-@triton.jit
-def _pair_gains(GAIN, first, second, pair_valid, HAS_GAIN: tl.constexpr):
-    """The gain of each pair's two channels (never loaded, and unused, without a gain)."""
-    if HAS_GAIN:
-        gain_1 = tl.load(GAIN + first, mask=pair_valid, other=0.0)
-        gain_2 = tl.load(GAIN + second, mask=pair_valid, other=0.0)
-    else:
-        gain_1 = 1.0
-        gain_2 = 1.0
-    return gain_1, gain_2
 
 
 @triton.jit
@@ -1164,37 +1008,30 @@ _GPU_CONFIGS: dict[tuple[str, str], tuple[int, int, int, int]] = {
     ("dkdv", "fp32"): (16, 32, 8, 1),
     ("dq", "fp32"): (32, 16, 8, 2),
 }
-# 16-bit launches by what they carry: "plain" (no tables, no score bias), "tables" (q/k tables,
-# no score bias) or "bias" (a score-bias hook), keyed (90 for an H100 or None for any other
-# GPU, kernel, family, carries); a missing entry falls back to _GPU_CONFIGS. On an H100 a
+# 16-bit launches by what their loops carry: "plain" (no score bias; q/k tables are applied
+# before the loops, kernels/qk_transform.py) or "bias" (a score-bias hook), keyed (90 for an
+# H100 or None for any other GPU, kernel, family, carries); a missing entry falls back to
+# _GPU_CONFIGS. On an H100 a
 # warpgroup's MMA covers 64 rows, so the row side of every product of 8 warps is 128 (with 64
 # rows both warpgroups would compute the same product), and the per-tile loop overhead
 # (barriers, fences, descriptors) is spread over large tiles: chosen from the report's static
 # model (course_lib.gpu_report, triton 3.9 / ptxas 13.4) among the tiles whose inner loops do
 # no spill traffic (the dK/dV kernel with a hook keeps about 100-300 bytes of spilled values
-# outside its loops; the report lists them). Elsewhere (A100) the tiles with tables or a hook at
-# head_dim 128 are those that spill least.
+# outside its loops; the report lists them). Elsewhere (A100) the tiles with a hook at head_dim
+# 128 are those that spill least.
 _CARRY_CONFIGS: dict[tuple[int | None, str, str, str], tuple[int, int, int, int]] = {
     (90, "forward", "16bit", "plain"): (256, 64, 8, 3),
-    (90, "forward", "16bit", "tables"): (256, 64, 8, 3),
     (90, "forward", "16bit", "bias"): (256, 64, 8, 2),
     (90, "dkdv", "16bit", "plain"): (64, 128, 8, 2),
-    (90, "dkdv", "16bit", "tables"): (64, 128, 8, 2),
     (90, "dkdv", "16bit", "bias"): (64, 128, 8, 2),
     (90, "dq", "16bit", "plain"): (128, 64, 8, 2),
-    (90, "dq", "16bit", "tables"): (128, 64, 8, 2),
     (90, "dq", "16bit", "bias"): (128, 64, 8, 2),
     (90, "dkdv", "16bit-wide", "plain"): (32, 128, 8, 2),
-    (90, "dkdv", "16bit-wide", "tables"): (16, 128, 8, 2),
     (90, "dkdv", "16bit-wide", "bias"): (32, 128, 8, 2),
     (90, "dq", "16bit-wide", "plain"): (128, 32, 8, 2),
-    (90, "dq", "16bit-wide", "tables"): (128, 32, 8, 2),
     (90, "dq", "16bit-wide", "bias"): (128, 32, 8, 2),
-    (None, "forward", "16bit-wide", "tables"): (128, 32, 8, 2),
     (None, "forward", "16bit-wide", "bias"): (128, 32, 8, 2),
-    (None, "dkdv", "16bit-wide", "tables"): (16, 64, 8, 2),
     (None, "dkdv", "16bit-wide", "bias"): (32, 32, 4, 2),
-    (None, "dq", "16bit-wide", "tables"): (32, 32, 4, 2),
     (None, "dq", "16bit-wide", "bias"): (32, 32, 4, 2),
 }
 # Learners' GPUs with less shared memory per block than an A100: 99 KiB (sm_86 A10 / RTX 30xx,
@@ -1208,12 +1045,12 @@ _CARRY_CONFIGS: dict[tuple[int | None, str, str, str], tuple[int, int, int, int]
 _SMEM_CLASSES: tuple[tuple[int, str], ...] = ((64 * 1024, "64k"), (100 * 1024, "99k"))
 _SMEM_CLASS_CONFIGS: dict[tuple[str, str, str, str], tuple[int, int, int, int]] = {
     ("99k", "forward", "16bit", "bias"): (64, 64, 4, 2),
-    **{("64k", "forward", "16bit", c): (64, 64, 4, 2) for c in ("plain", "tables", "bias")},
-    **{("64k", "forward", "16bit-wide", c): (64, 32, 4, 2) for c in ("plain", "tables", "bias")},
-    **{("64k", "dkdv", "16bit", c): (32, 64, 4, 2) for c in ("plain", "tables", "bias")},
-    **{("64k", "dq", "16bit", c): (64, 32, 4, 2) for c in ("plain", "tables", "bias")},
-    **{("64k", "dkdv", "16bit-wide", c): (32, 32, 4, 2) for c in ("plain", "tables", "bias")},
-    **{("64k", "dq", "16bit-wide", c): (32, 32, 4, 2) for c in ("plain", "tables", "bias")},
+    **{("64k", "forward", "16bit", c): (64, 64, 4, 2) for c in ("plain", "bias")},
+    **{("64k", "forward", "16bit-wide", c): (64, 32, 4, 2) for c in ("plain", "bias")},
+    **{("64k", "dkdv", "16bit", c): (32, 64, 4, 2) for c in ("plain", "bias")},
+    **{("64k", "dq", "16bit", c): (64, 32, 4, 2) for c in ("plain", "bias")},
+    **{("64k", "dkdv", "16bit-wide", c): (32, 32, 4, 2) for c in ("plain", "bias")},
+    **{("64k", "dq", "16bit-wide", c): (32, 32, 4, 2) for c in ("plain", "bias")},
 }
 # A hook whose gradient is per tile gets square tiles of at most this side, by class.
 _SQUARE_LIMIT = {"64k": 32}
@@ -1243,12 +1080,11 @@ def pick_config(
     dtype: torch.dtype,
     device: torch.device,
     *,
-    tables: bool = False,
     bias: bool = False,
     square: bool = False,
 ) -> FlashConfig:
     """Block sizes and launch options of one kernel (``"forward"``, ``"dkdv"`` or ``"dq"``) for
-    a launch with q/k tables (``tables``) and/or a score-bias hook (``bias``); ``square``: equal
+    a launch whose loops carry a score-bias hook (``bias``) or not; ``square``: equal
     query and key blocks (the larger of the two, at most 64 on a GPU, 32 with 64 KiB of shared
     memory), for a hook whose gradient is per tile. The GPU's shared memory per block picks
     smaller tiles where the defaults would not fit (:data:`_SMEM_CLASS_CONFIGS`)."""
@@ -1264,7 +1100,7 @@ def pick_config(
         family = "fp32"
     else:
         family = "16bit-wide" if head_dim >= 128 else "16bit"
-    carries = "bias" if bias else "tables" if tables else "plain"
+    carries = "bias" if bias else "plain"
     small = smem_class(device)
     block_m, block_n, num_warps, num_stages = next(
         config
@@ -1285,11 +1121,6 @@ def _forward_scale(scale: float) -> tuple[float, float]:
     """The forward kernel's ``(qk_scale_log2, q_sign)``: ``|scale| log2 e`` (at least 1e-30, so
     that a masked score, -inf, stays -inf once scaled) and the sign of ``scale``, applied to q."""
     return max(abs(scale) * LOG2E, 1e-30), (-1.0 if scale < 0 else 1.0)
-
-
-def _half_pad(head_dim: int) -> int:
-    """Width of a pair-half tile: head_dim/2, padded to tl.dot's minimum of 16."""
-    return max(head_dim // 2, 16)
 
 
 def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) -> dict:
@@ -1347,9 +1178,10 @@ def flash_attention_forward(
     )
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
-    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
-    carries = dict(tables=a.has_tables, bias=a.hook is not None)
-    cfg = config or pick_config("forward", head_dim, q.dtype, q.device, **carries)
+    if qk_tables is not None:  # per token: once, before the loops (kernels/qk_transform.py)
+        q, k = encode_qk(q, k, qk_tables)
+    a = prepare_launch(q, positions, key_mask, None, bias_hook, bias_params, bias_options)
+    cfg = config or pick_config("forward", head_dim, q.dtype, q.device, bias=a.hook is not None)
     out = torch.empty((batch, heads, seq, head_dim), dtype=out_dtype or q.dtype, device=q.device)
     lse = torch.empty((batch * heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, cfg.block_m), batch * heads)
@@ -1382,13 +1214,17 @@ def flash_attention_backward(
     bias_options: dict | None = None,
     bias_grad: bool = False,
     configs: dict[str, FlashConfig] | None = None,
+    encoded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the backward kernels; returns ``(dq, dk, dv, dparams)``.
 
     dq, dk, dv: contiguous, in q's dtype. dparams: the gradient of ``bias_params`` (float32,
     its shape) if ``bias_grad``, else None. grad_out: like the output, any strides; out and lse
     from :func:`flash_attention_forward`; the other arguments as given to it. ``configs`` may
-    override the block sizes of ``"dkdv"`` and/or ``"dq"``.
+    override the block sizes of ``"dkdv"`` and/or ``"dq"``. With ``qk_tables``, q and k are
+    passed through them first (one pass, as in the forward), unless ``encoded``: q and k are then
+    already ``q'``, ``k'`` (the forward's, kept by the caller); either way the loops' float32
+    gradients w.r.t. ``q'``, ``k'`` go back through the tables' transpose once, at the end.
 
     Precision of ``dparams`` in fp16/bf16: a row of ``dS = P * (dP - delta)`` sums to 0 only
     when ``delta_i = dO_i . O_i`` matches the backward's own ``P`` and ``dP``. ``dq``, ``dk``,
@@ -1404,14 +1240,16 @@ def flash_attention_backward(
         raise ValueError(f"grad_out must have shape {tuple(q.shape)}, got {tuple(grad_out.shape)}")
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
-    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
+    if qk_tables is not None and not encoded:  # as the forward did: once, before the loops
+        q, k = encode_qk(q, k, qk_tables)
+    a = prepare_launch(q, positions, key_mask, None, bias_hook, bias_params, bias_options)
     if bias_grad and (a.hook is None or a.hook.grad is None):
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     per_tile = bias_grad and a.hook.grad_per_tile  # one gradient slot per tile: square tiles
     configs = dict(configs or {})
     for kernel in ("dkdv", "dq"):
         configs.setdefault(kernel, pick_config(
-            kernel, head_dim, q.dtype, q.device, tables=a.has_tables, bias=a.hook is not None,
+            kernel, head_dim, q.dtype, q.device, bias=a.hook is not None,
             square=per_tile and kernel == "dkdv",
         ))  # fmt: skip
     if per_tile and configs["dkdv"].block_m != configs["dkdv"].block_n:
@@ -1419,8 +1257,10 @@ def flash_attention_backward(
             f"the hook {a.hook.name!r} needs square dK/dV tiles, got {configs['dkdv']}"
         )
     shape, device = (batch, heads, seq, head_dim), q.device
-    dq = torch.empty(shape, dtype=q.dtype, device=device)
-    dk = torch.empty(shape, dtype=q.dtype, device=device)
+    # gradients w.r.t. q', k' stay float32 until the tables' transpose has been applied
+    grad_dtype = q.dtype if qk_tables is None else torch.float32
+    dq = torch.empty(shape, dtype=grad_dtype, device=device)
+    dk = torch.empty(shape, dtype=grad_dtype, device=device)
     dv = torch.empty(shape, dtype=q.dtype, device=device)
     delta = torch.empty_like(lse)
     run_launch(Launch("delta", _flash_bwd_delta_kernel, (triton.cdiv(seq, 64), batch * heads), (
@@ -1462,4 +1302,6 @@ def flash_attention_backward(
     dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_shape, tiles) if bias_grad else None
     if row_sums:
         dparams = dparams + rows.view(batch, heads, seq)
+    if qk_tables is not None:
+        dq, dk = decode_qk_grads(dq, dk, qk_tables, q.dtype)
     return dq, dk, dv, dparams

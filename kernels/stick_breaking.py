@@ -15,11 +15,9 @@ The function (Tan et al. 2024, "Scaling Stick-Breaking Attention"), for one (bat
 Key ``j`` is allowed for query ``i`` iff it is a real token and, causal, ``j < i`` (by index).
 Bidirectional: one stick over the keys left of ``i`` and one over the keys right of it, each broken
 from the nearest key outward and each worth half: ``A_ij = 1/2 * beta_ij * prod(...)``.
-With the caller's q/k tables (``HAS_TABLES``), channel pair ``t`` = ``(x_1, x_2)`` of the token
-at index ``s`` becomes ``g_1 (x_1 cos[s, t] - x_2 sin[s, t])``, ``g_2 (x_1 sin[s, t] +
-x_2 cos[s, t])`` (``g``: the optional per-channel gain, ``HAS_GAIN``; keys read tables of their
-own, the query's unless the caller gives others); else ``q' = q``. The transform is the flash
-kernels' own (:func:`.flash._load_encoded` and its transpose), joined into whole tiles here. The
+``q'``, ``k'`` are q and k through the caller's per-token tables, if any (else ``q' = q``),
+applied once per call before the loops and mapped back once on the gradients
+(:mod:`.qk_transform`, shared with the flash kernels): the loops never see the tables. The
 bias ``b_ij`` is a hook object of :mod:`.score_bias` whose function is passed in as the
 constexpr ``BIAS_FN`` (RSE: the linear distance hook, ``b_ij = -lambda_h |p_i - p_j|``).
 
@@ -120,8 +118,15 @@ from .common import (
     smem_per_block,
 )
 from .fast_math import LOG2E, fast_log2
-from .flash import _load_encoded, _load_rows, _pair_channels, _store_decoded
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
+from .qk_transform import (
+    _load_encoded,
+    _load_rows,
+    _pair_channels,
+    _store_decoded,
+    decode_qk_grads,
+    encode_qk,
+)
 from .score_bias import GradTiles, tile_slot, tile_slot_count
 
 __all__ = [
@@ -1475,12 +1480,10 @@ class StickConfig:
         )
 
 
-def _stage_bytes(rows: int, head_dim: int, size: int, tables: bool) -> int:
+def _stage_bytes(rows: int, head_dim: int, size: int) -> int:
     """Bytes one pipelining stage of a loop holds: the two ``[rows, head_dim]`` tiles it loads
-    (k and v, or q and dO) and, with tables, ``cos`` and ``sin`` ``[rows, head_dim/2]`` in
-    float32. Without pipelining (one stage) only the two tiles, the operands of its products,
-    are in shared memory."""
-    return rows * (2 * head_dim * size + (4 * head_dim if tables else 0))
+    (k and v, or q and dO)."""
+    return rows * 2 * head_dim * size
 
 
 def _fit_stages(limit: int, stage: int, single: int, fixed: int) -> int:
@@ -1493,12 +1496,12 @@ def _fit_stages(limit: int, stage: int, single: int, fixed: int) -> int:
     return 0
 
 
-def _forward_stages(limit, bm, bn, head_dim, size, tables) -> int:
-    """Stages of the forward: besides them, q and one triangle (and the rotated k, with
-    tables) stay in shared memory (triton 3.9)."""
-    fixed = bm * head_dim * size + 2 * bn * bn + (bn * head_dim * size if tables else 0)
-    stage = _stage_bytes(bn, head_dim, size, tables)
-    return _fit_stages(limit, stage, _stage_bytes(bn, head_dim, size, False), fixed)
+def _forward_stages(limit, bm, bn, head_dim, size) -> int:
+    """Stages of the forward: besides them, q and one triangle stay in shared memory (triton
+    3.9)."""
+    fixed = bm * head_dim * size + 2 * bn * bn
+    stage = _stage_bytes(bn, head_dim, size)
+    return _fit_stages(limit, stage, stage, fixed)
 
 
 # Blackwell's tensor-memory products (tcgen5, sm_100) read both operands from shared memory:
@@ -1507,28 +1510,33 @@ def _forward_stages(limit, bm, bn, head_dim, size, tables) -> int:
 # sm_100, 164,352 on sm_90). A stage is counted 1.5x there, which reproduces that figure.
 _COLS_STAGE_SCALE_TCGEN5 = 1.5
 _TCGEN5_ARCHS = range(100, 110)
+# With a per-tile gradient (the per-distance table's hook, square tiles) the column kernel's
+# stages hold far more there: at head_dim 128, 64x64 tiles and three stages it needed 238,144
+# bytes on sm_100 (limit 232,448), where one stage needs 66,560. One stage is taken there.
+_COLS_STAGES_PER_TILE_GRAD_TCGEN5 = 1
 
 
-def _backward_stages(limit, bm, bn, head_dim, size, tables, sides, arch=None) -> tuple[int, int]:
-    """Stages of the row and the column kernel. Besides them: q, dO and two triangles (and the
-    rotated k, with tables) in the row kernel; k, v, two triangles and the transposed ``dz`` and
+def _backward_stages(
+    limit, bm, bn, head_dim, size, sides, arch=None, square=False
+) -> tuple[int, int]:
+    """Stages of the row and the column kernel. Besides them: q, dO and two triangles in the
+    row kernel; k, v, two triangles and the transposed ``dz`` and
     ``A`` in the column kernel, whose loops over the query blocks each get their own stages
     (one loop per stick: triton 3.9 does not share them on Hopper). On a tcgen5 GPU (``arch``
-    100-109) a column kernel's stage counts 1.5x (:data:`_COLS_STAGE_SCALE_TCGEN5`)."""
+    100-109) a column kernel's stage counts 1.5x (:data:`_COLS_STAGE_SCALE_TCGEN5`), and with a
+    per-tile gradient (``square``) it takes at most :data:`_COLS_STAGES_PER_TILE_GRAD_TCGEN5`."""
     tri = 2 * 2 * bn * bn
-    rows_fixed = 2 * bm * head_dim * size + tri + (bn * head_dim * size if tables else 0)
+    rows_fixed = 2 * bm * head_dim * size + tri
     cols_fixed = 2 * bn * head_dim * size + tri + 2 * bm * bn * size
-    rows_stage = _stage_bytes(bn, head_dim, size, tables)
-    cols_stage = _stage_bytes(bm, head_dim, size, tables)
+    rows_stage = _stage_bytes(bn, head_dim, size)
+    cols_single = _stage_bytes(bm, head_dim, size)
+    cols_stage = cols_single
     if arch in _TCGEN5_ARCHS:
         cols_stage = int(cols_stage * _COLS_STAGE_SCALE_TCGEN5)
-    return (
-        _fit_stages(limit, rows_stage, _stage_bytes(bn, head_dim, size, False), rows_fixed),
-        _fit_stages(
-            limit, sides * cols_stage, sides * _stage_bytes(bm, head_dim, size, False),
-            cols_fixed,
-        ),
-    )  # fmt: skip
+    cols = _fit_stages(limit, sides * cols_stage, sides * cols_single, cols_fixed)
+    if square and arch in _TCGEN5_ARCHS:
+        cols = min(cols, _COLS_STAGES_PER_TILE_GRAD_TCGEN5)
+    return _fit_stages(limit, rows_stage, rows_stage, rows_fixed), cols
 
 
 def pick_config(
@@ -1537,7 +1545,6 @@ def pick_config(
     block: int | None = None,
     *,
     dtype: torch.dtype = torch.bfloat16,
-    tables: bool = False,
     causal: bool = True,
     square: bool = False,
 ) -> StickConfig:
@@ -1547,10 +1554,9 @@ def pick_config(
     per tile and, up to head_dim 64, 64 queries with 4 warps. On Hopper at head_dim 128: 128
     queries with 8 warps, one warp group per 64 queries, so that a row of a tile stays in one
     warp group. Elsewhere (mma.sync: both operands of a product in registers) fewer registers per
-    thread: 64 queries with 8 warps at head_dim 128 (the backward from head_dim 64), and 32x32
-    tiles for the backward at head_dim 128 with q/k tables. A shape is halved until one stage of
-    its kernels fits in the GPU's shared memory per block (for ``dtype``, with or without q/k
-    ``tables``, ``causal`` or not), with as many pipelining stages (up to 3) as fit. A ``block``
+    thread: 64 queries with 8 warps at head_dim 128 (the backward from head_dim 64). A shape is
+    halved until one stage of its kernels fits in the GPU's shared memory per block (for
+    ``dtype``, ``causal`` or not), with as many pipelining stages (up to 3) as fit. A ``block``
     that cannot fit is refused with a ValueError. ``square``: the backward's query and key
     blocks equal (for a hook whose gradient is per tile).
     """
@@ -1570,9 +1576,7 @@ def pick_config(
         wide = [(128, 64, 8), (64, 64, 8)] if head_dim >= 128 else []
         fwd_shapes = bwd_shapes = wide + small
     elif head_dim >= 128:
-        fwd_shapes = [(64, 64, 8)] + small
-        # the tables' rotation of each query tile on top: 32-wide tiles spill far less
-        bwd_shapes = ([(32, 32, 4)] if tables else [(64, 64, 8)]) + small
+        fwd_shapes = bwd_shapes = [(64, 64, 8)] + small
     else:
         fwd_shapes = small
         bwd_shapes = small if head_dim < 64 else [(64, 64, 8)] + small
@@ -1586,18 +1590,18 @@ def pick_config(
     sides = 1 if causal else 2
     fwd = next(
         ((bm, bn, w, st) for bm, bn, w in fwd_shapes
-         if (st := _forward_stages(limit, bm, bn, head_dim, size, tables))),
+         if (st := _forward_stages(limit, bm, bn, head_dim, size))),
         None,
     )  # fmt: skip
     bwd = next(
         ((bm, bn, w, st) for bm, bn, w in bwd_shapes
-         if all(st := _backward_stages(limit, bm, bn, head_dim, size, tables, sides, arch))),
+         if all(st := _backward_stages(limit, bm, bn, head_dim, size, sides, arch, square))),
         None,
     )  # fmt: skip
     if fwd is None or bwd is None:
         raise ValueError(
-            f"stick-breaking tiles of {block or 16} rows at head_dim {head_dim} ({dtype}"
-            f"{', with tables' if tables else ''}) need more shared memory than the GPU's "
+            f"stick-breaking tiles of {block or 16} rows at head_dim {head_dim} ({dtype}) "
+            f"need more shared memory than the GPU's "
             f"{limit // 1024} KiB per block; use a smaller block"
         )
     return StickConfig(
@@ -1688,8 +1692,10 @@ def stick_breaking_forward(
     )
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
-    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
-    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables, causal=causal)
+    if qk_tables is not None:  # per token: once, before the loops (kernels/qk_transform.py)
+        q, k = encode_qk(q, k, qk_tables)
+    a = prepare_launch(q, positions, key_mask, None, bias_hook, bias_params, bias_options)
+    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, causal=causal)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     stats = torch.empty(
         (batch, heads, _num_stats(causal), seq), dtype=torch.float32, device=q.device
@@ -1724,13 +1730,16 @@ def stick_breaking_backward(
     bias_options: dict | None = None,
     bias_grad: bool = False,
     block: int | None = None,
+    encoded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of :func:`stick_breaking_forward`: ``(dq, dk, dv, dparams)``.
 
     dq, dk, dv: contiguous ``[batch, heads, seq, head_dim]`` in the input dtype; dparams: the
     gradient of ``bias_params`` (float32, its shape) if ``bias_grad``, else None. Same arguments
     as the forward (the same ``block``), plus ``grad_out`` (like the output, any strides) and
-    the forward's ``rowstats``.
+    the forward's ``rowstats``. With ``qk_tables``, q and k go through them first (as in the
+    forward) unless ``encoded`` (they are already the forward's ``q'``, ``k'``); the float32
+    gradients w.r.t. ``q'``, ``k'`` go back through the tables' transpose once, at the end.
     """
     check_launch_inputs(
         q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options
@@ -1746,24 +1755,25 @@ def stick_breaking_backward(
         )
     positions = positions.contiguous()
     rowstats = rowstats.contiguous()
-    a = prepare_launch(q, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options)
+    if qk_tables is not None and not encoded:  # as the forward did: once, before the loops
+        q, k = encode_qk(q, k, qk_tables)
+    a = prepare_launch(q, positions, key_mask, None, bias_hook, bias_params, bias_options)
     if bias_grad and (a.hook is None or a.hook.grad is None):
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     per_tile = bias_grad and a.hook.grad_per_tile  # one gradient slot per tile: square tiles
     grad_out = grad_out.to(q.dtype)
-    cfg = pick_config(
-        head_dim, q.device, block, dtype=q.dtype, tables=a.has_tables, causal=causal,
-        square=per_tile,
-    )  # fmt: skip
+    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, causal=causal, square=per_tile)
     bm, bn = cfg.block_bwd, cfg.block_bwd_n
     num_m, num_kb = triton.cdiv(seq, bm), triton.cdiv(seq, bn)
     slots_left = _num_slots(num_m, num_kb, bm // bn, True)
     slots_right = 0 if causal else _num_slots(num_m, num_kb, bm // bn, False)
     ckpt_dtype = torch.float32 if q.dtype == torch.float32 else torch.float16
     f32 = {"dtype": torch.float32, "device": q.device}
-    dq = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
+    # gradients w.r.t. q', k' stay float32 until the tables' transpose has been applied
+    grad_dtype = q.dtype if qk_tables is None else torch.float32
+    dq = torch.empty((batch, heads, seq, head_dim), dtype=grad_dtype, device=q.device)
     dk = torch.empty_like(dq)
-    dv = torch.empty_like(dq)
+    dv = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     gscale = _g_scale(grad_out, v)
     rowdata = torch.empty((batch * heads, seq), **f32)  # delta_i = dO_i . v_i
     ckpt_stride = (slots_left + slots_right) * bm
@@ -1800,4 +1810,6 @@ def stick_breaking_backward(
     if per_tile:  # the tiles summed s dz: divide by the scale of G, s per (batch, head)
         partials = partials / gscale.view(-1, 1, 1)
     dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_shape, tiles) if bias_grad else None
+    if qk_tables is not None:
+        dq, dk = decode_qk_grads(dq, dk, qk_tables, q.dtype)
     return dq, dk, dv, dparams

@@ -1,12 +1,12 @@
 """The functional attention and the attention modules: behaviour of the function itself, and the
 claims specific to one encoding. What every registered encoding must satisfy is checked in
-test_registry_conformance.py."""
+course_lib.conformance (run per encoding by test_registry_conformance.py)."""
 
 import pytest
 import torch
-from test_registry_conformance import example_params, positions
 
 from course_lib.attention import attention, attention_weights, get_attention_class
+from course_lib.conformance import example_params, positions
 from course_lib.encodings import REGISTRY
 from course_lib.registry import attention_methods
 

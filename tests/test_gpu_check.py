@@ -4,6 +4,8 @@ its report and figure, its notebook and training phases, and its refusal without
 
 import json
 import math
+import shutil
+import warnings
 
 import pytest
 import torch
@@ -78,7 +80,9 @@ def test_the_plan_follows_the_registry_and_the_gpu():
         _args("--seqs", "0")
     # --methods: only those cases; training only the ones that are sequence encodings
     some = cli.make_plan(FakeDevice((9, 0)), _args("--quick", "--methods", "fox", "softmax"))
-    assert {c.method for c in some.correctness} == {c.method for c in some.speed} == {"fox", "softmax"}
+    assert (
+        {c.method for c in some.correctness} == {c.method for c in some.speed} == {"fox", "softmax"}
+    )
     assert some.training_encodings == ("fox",)
     with pytest.raises(SystemExit, match="unknown method"):
         cli.make_plan(FakeDevice((9, 0)), _args("--methods", "fxo"))
@@ -151,18 +155,21 @@ class _Inputs:
 
 # -- speed ----------------------------------------------------------------------------------------
 
+
 def test_flex_moves_to_smaller_tiles_when_the_gpu_lacks_shared_memory():
     tried = []
 
     def call(q, k, v, options):
         tried.append(options)
-        if options is None or "BLOCK_M" not in options:
+        if options != speed.FLEX_OPTIONS[-1]:
             raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource")
         return q
 
     run = speed.flex_with_smaller_tiles_on_demand(call)
+    assert run.options is None  # FlexAttention's own choice until it fails
     assert run(1, 2, 3) == 1 and run(4, 5, 6) == 4
     assert tried == list(speed.FLEX_OPTIONS) + [speed.FLEX_OPTIONS[-1]]  # kept once it compiled
+    assert run.options == speed.FLEX_OPTIONS[-1]  # what the record will say it ran with
 
     def broken(q, k, v, options):
         raise ValueError("a score_mod bug")
@@ -170,6 +177,100 @@ def test_flex_moves_to_smaller_tiles_when_the_gpu_lacks_shared_memory():
     with pytest.raises(ValueError, match="score_mod bug"):
         speed.flex_with_smaller_tiles_on_demand(broken)(1, 2, 3)
 
+
+class _CountingFlex:
+    """``torch.compile`` and ``create_block_mask`` that count, and a "compiled" FlexAttention
+    that records what it is given and returns ``v``."""
+
+    def __init__(self):
+        self.compile_calls, self.mask_calls, self.calls = [], [], []
+
+    def compile(self, fn, **kwargs):
+        self.compile_calls.append(kwargs)
+
+        def compiled(q, k, v, *, score_mod, block_mask, kernel_options):
+            self.calls.append((score_mod, block_mask, kernel_options))
+            return v
+
+        return compiled
+
+    def create_block_mask(self, mask_mod, b, h, q_len, kv_len, device):
+        self.mask_calls.append((q_len, kv_len, str(device)))
+        return ("mask", q_len, kv_len)
+
+
+def test_the_flex_baseline_compiles_once_and_builds_each_causal_mask_once(monkeypatch):
+    """Every FlexAttention of a run (each method with a distance bias, and the sanity row) at
+    every length and in both modes goes through one ``torch.compile`` (``fullgraph``, static
+    shapes) and one causal BlockMask per length; bidirectional attention takes none."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fake = _CountingFlex()
+    baseline = speed.FlexBaseline(flex_attention, fake.create_block_mask, compile=fake.compile)
+    monkeypatch.setattr(speed, "_FLEX", [baseline])
+    flex_methods = ("alibi", "t5", "exposb", "kerple")
+    for causal in (True, False, True):
+        for seq in (16, 32):
+            fns = []
+            for name in flex_methods:
+                enc = attention_methods()[name]
+                inputs = cases.make_inputs(enc, batch=1, heads=2, seq=seq, head_dim=16,
+                                           dtype="fp32", device="cpu")  # fmt: skip
+                label, fn = speed.alternative(enc, inputs, causal)
+                assert speed.is_flex(label) and callable(fn), (name, label, fn)
+                fns.append((fn, inputs))
+            plain = cases.make_inputs(None, batch=1, heads=2, seq=seq, head_dim=16, dtype="fp32",
+                                      device="cpu")  # fmt: skip
+            label, fn = speed.sanity_contender(plain, causal)
+            assert label == speed.FLEX_SANITY
+            fns.append((fn, plain))
+            before = len(fake.calls)
+            for fn, inputs in fns:
+                for _ in range(2):
+                    assert fn(inputs.q, inputs.k, inputs.v) is inputs.v
+            masks = {id(mask) for _, mask, _ in fake.calls[before:]}
+            expected = ("mask", seq, seq) if causal else None
+            assert all(mask == expected for _, mask, _ in fake.calls[before:])
+            assert len(masks) == 1  # one mask object shared by every method at this length
+    assert fake.compile_calls == [dict(dynamic=False, fullgraph=True)] and baseline.compiles == 1
+    assert fake.mask_calls == [(16, 16, "cpu"), (32, 32, "cpu")] and baseline.masks_built == 2
+    # the sanity row has no score_mod; ALiBi's has its slope form, T5's reads its table
+    assert fake.calls[-1][0] is None
+    assert [fn.score_mod for fn, _ in fns[:2]] == ["slope per head x distance",
+                                                   "table per distance"]  # fmt: skip
+
+
+def test_a_bias_of_alibis_form_is_one_slope_per_head_and_others_are_tables():
+    enc = attention_methods()["alibi"]
+    inputs = cases.make_inputs(enc, batch=1, heads=4, seq=8, head_dim=16, dtype="fp32",
+                               device="cpu")  # fmt: skip
+    params = speed._full_params(enc, inputs, True)
+    table = speed.distance_table(enc, params, 4, 8, "cpu")
+    for causal in (True, False):
+        torch.testing.assert_close(speed.slope_per_distance(table, causal), -params["slopes"])
+    t5 = attention_methods()["t5"]
+    inputs = cases.make_inputs(t5, batch=1, heads=4, seq=40, head_dim=16, dtype="fp32",
+                               device="cpu")  # fmt: skip
+    params = speed._full_params(t5, inputs, True)
+    assert speed.slope_per_distance(speed.distance_table(t5, params, 4, 40, "cpu"), True) is None
+    # a bias linear only on the side causal attention sees is still a slope there
+    distance = torch.arange(15) - 7
+    one_sided = torch.where(distance <= 0, 0.5 * distance.abs(), 3.0).float()[None]
+    torch.testing.assert_close(speed.slope_per_distance(one_sided, True), torch.tensor([0.5]))
+    assert speed.slope_per_distance(one_sided, False) is None
+
+
+def test_sdpa_records_the_backend_that_ran():
+    """``torch._fused_sdp_choice`` (what SDPA calls to pick its kernel), confirmed by running SDPA
+    restricted to it: on this CPU, restricted to math, it says math."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = torch.randn(3, 1, 2, 32, 16).unbind(0)
+    for grad in (False, True):
+        name = speed.sdpa_backend(q, k, v, causal=True, requires_grad=grad)
+        assert name in ("flash", "efficient", "cudnn", "math"), name
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert speed.sdpa_backend(q, k, v, causal=True) == "math"
 
 
 def test_alternatives_come_from_the_records():
@@ -209,14 +310,16 @@ def test_a_distance_table_is_the_records_bias_and_a_position_bias_is_refused():
     distance = torch.arange(15) - 7  # j - i
     torch.testing.assert_close(table, -slopes[:, None] * distance.abs()[None].float())
 
-    class Absolute:  # a bias that reads the query's own position
-        uses_positions, position_dims = True, 1
+    class Absolute:  # a bias that reads the query's own position, wrongly claimed distance-only
+        uses_positions, position_dims, distance_only = True, 1, True
 
         @staticmethod
         def score_bias(q_pos, k_pos, params):
             return (q_pos[..., None] * 0.1 + 0 * k_pos[:, None, :]).unsqueeze(1)
 
     assert "more than the distance" in speed.distance_table(Absolute, {}, 4, 8, "cpu")
+    Absolute.distance_only = False  # the record's own word is taken first
+    assert "not a function of the distance" in speed.distance_table(Absolute, {}, 4, 8, "cpu")
 
 
 def test_speed_records_and_ratios_with_a_fake_timer():
@@ -243,7 +346,24 @@ def test_speed_records_and_ratios_with_a_fake_timer():
         r.update(head_dim=64, seq=1024, causal=True, dtype="bf16", pass_="fwd+bwd")
     speed.add_ratios(rows)
     assert [r["vs_sdpa"] for r in rows] == [1.0, 2.0, 0.5, 0.25, 0.4, None]
-    assert [r["vs_alternative"] for r in rows] == [None, 2.0, 2.0, None, None, None]
+    # no sanity row: the comparison with FlexAttention is withheld, the measured ratio kept aside
+    assert [r["vs_alternative"] for r in rows] == [None, 2.0, None, None, None, None]
+    assert rows[2]["vs_alternative_unreliable"] == 2.0 and "no sanity row" in rows[2][
+        "alternative_unreliable"]  # fmt: skip
+    for flex_ms, shown in ((2.5, 2.0), (5.0, None)):  # 0.8x SDPA passes, 0.4x does not
+        sane = [dict(r) for r in rows] + [
+            dict(rows[0], method="softmax", contender=speed.FLEX_SANITY, ms=flex_ms)
+        ]
+        speed.add_ratios(sane)
+        assert sane[2]["vs_alternative"] == shown
+    # the run's own records: SDPA says which backend ran, FlexAttention which tiles
+    sdpa = [r for r in records if r["contender"] == "SDPA"]
+    assert sdpa and all(r["sdpa_backend"] for r in sdpa)
+    flex = [r for r in records if speed.is_flex(r["contender"]) and r["ms"] is not None]
+    assert {r["method"] for r in flex} >= {"softmax", "alibi", "t5"}
+    assert all("flex_options" in r and r["flex_score_mod"] for r in flex)
+    assert {r["contender"] for r in records if r["method"] == "softmax"} == {
+        "kernel", "SDPA", speed.FLEX_SANITY}  # fmt: skip
 
 
 # -- notebooks and training ---------------------------------------------------------------------
@@ -366,6 +486,149 @@ def test_verdicts_fail_on_a_wrong_kernel_a_failed_notebook_or_a_run_that_did_not
     assert report.summarise(ok)["ok"]
 
 
+def _speed_report(flex_ms: float | None) -> dict:
+    """A report of one size: SDPA 1 ms; the sanity row at ``flex_ms`` (None: no such row);
+    ALiBi against FlexAttention, ExpoSB against its transform + FlexAttention, RoPE against its
+    transform + SDPA."""
+    rows = [
+        ("softmax", "SDPA", 1.0), ("softmax", "kernel", 1.25),
+        ("alibi", "kernel", 1.5), ("alibi", "FlexAttention", 3.0),
+        ("exposb", "kernel", 2.0), ("exposb", "transform + FlexAttention", 8.0),
+        ("rope", "kernel", 2.0), ("rope", "transform + SDPA", 1.5),
+    ]  # fmt: skip
+    if flex_ms is not None:
+        rows.append(("softmax", speed.FLEX_SANITY, flex_ms))
+    records = [
+        dict(method=m, contender=c, ms=ms, head_dim=64, seq=4096, batch=4, heads=32, dtype="bf16",
+             causal=True, pass_=p, peak_mib=1.0, status="ok")
+        for m, c, ms in rows
+        for p in speed.PASSES
+    ]  # fmt: skip
+    for r in records:
+        if r["contender"] == "SDPA":
+            r["sdpa_backend"] = "flash"
+    speed.add_ratios(records)
+    rep = {"meta": {"device": {"name": "X", "capability": "9.0"}, "seconds": {"total": 60}},
+           "speed": records}  # fmt: skip
+    rep["summary"] = report.summarise(rep)
+    return rep
+
+
+@pytest.mark.parametrize("flex_ms", [None, 2.5, 1.1])
+def test_flex_comparisons_are_printed_only_when_flex_without_score_mod_keeps_up(flex_ms):
+    """Below 0.5x SDPA's speed (2.5 ms against 1 ms), or without the sanity row, every
+    comparison with FlexAttention is marked unreliable, not printed as a speed-up; at 0.91x it
+    is printed. Comparisons with SDPA are printed either way."""
+    rep = _speed_report(flex_ms)
+    sp = rep["summary"]["speed"]
+    head = {h["method"]: h for h in sp["headline"]}
+    lines = report.format_summary(rep)
+    text = "\n".join(lines)
+    assert sp["sdpa_backend"] == "flash" and "SDPA backend: flash" in text
+    assert head["rope"]["vs_alternative"] == pytest.approx(0.75)
+    assert "0.75x vs transform + SDPA" in text
+    reliable = flex_ms == 1.1
+    assert sp["flex_sanity"]["reliable"] is reliable
+    for name, ratio in (("alibi", 2.0), ("exposb", 4.0)):
+        assert head[name]["alternative_reliable"] is reliable
+        assert head[name]["vs_alternative"] == (pytest.approx(ratio) if reliable else None)
+        line = next(line for line in lines if f" {name} " in line)
+        if reliable:
+            assert f"{ratio:.2f}x vs" in line and "unreliable" not in line
+        else:
+            assert "unreliable" in line and f"{ratio:.2f}x" not in line
+    if flex_ms is None:
+        assert "no sanity row" in sp["flex_sanity"]["reason"]
+    elif not reliable:
+        assert "0.40x SDPA's speed" in sp["flex_sanity"]["reason"]
+    assert rep["summary"]["ok"]  # timings never fail the check
+
+
+def test_a_sanity_row_that_was_not_timed_makes_flex_unreliable():
+    rep = _speed_report(1.1)
+    rows = rep["speed"]
+    sanity = [r for r in rows if r["contender"] == speed.FLEX_SANITY]
+    sanity[1].update(ms=None, status="error: InductorError: out of resource")
+    speed.add_ratios(rows)
+    verdict = speed.flex_sanity(rows)
+    assert not verdict["reliable"] and "out of resource" in verdict["reason"]
+    assert all(r.get("vs_alternative") is None for r in rows
+               if r["method"] in ("alibi", "exposb") and r["contender"] == "kernel")  # fmt: skip
+
+
+def test_the_committed_gpu_reports_and_readme_quote_no_flex_figure_that_fails_the_sanity_row():
+    """The committed reports were measured before the sanity row existed: their FlexAttention
+    comparisons are unreliable, and README quotes no FlexAttention ratio from them."""
+    import re
+
+    root = notebooks.checkout_root()
+    reports = sorted((root / "figures" / "gpu_check").glob("*.json"))
+    reliable = {}
+    for path in reports:
+        rep = json.loads(path.read_text())
+        if "speed" not in rep:
+            continue
+        summary = report.summarise(rep)
+        reliable[path.name] = summary["speed"]["flex_sanity"]["reliable"]
+        for h in summary["speed"]["headline"]:
+            if speed.is_flex(h["alternative"]) and not reliable[path.name]:
+                assert h["vs_alternative"] is None, (path.name, h)
+            if h["method"] == "fox":  # no FlexAttention form, nothing timed: nothing to judge
+                assert "alternative_reliable" not in h
+    assert reliable, "no committed GPU report with a speed phase"
+    readme = (root / "README.md").read_text()
+    if all(reliable.values()):
+        return
+    # every paragraph or bullet that names FlexAttention quotes no ratio or time of it
+    for block in re.split(r"\n\s*\n|\n(?=\* )", readme):
+        if "FlexAttention" in block:
+            flat = " ".join(block.split())
+            for clause in re.split(r"[;(]", flat):
+                if "FlexAttention" in clause:
+                    assert not re.search(r"\d\s*x\b|\d\s*ms\b", clause), clause
+
+
+@pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None,
+    reason="torch.compile of FlexAttention on a CPU needs a C++ compiler (Inductor's CPU template)",
+)
+def test_the_compiled_flex_baseline_agrees_with_the_reference_on_a_cpu():
+    """The baseline as the GPU run builds it (torch.compile, fullgraph, the causal BlockMask),
+    compiled for the CPU by Inductor: plain causal attention (the sanity row), ALiBi (its slope
+    form) and T5 (its table) give what ``attention(method=...)`` gives. The forward only:
+    FlexAttention has no backward on a CPU (it raises NotImplementedError for inputs that
+    require grad)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from course_lib.attention import attention
+
+    baseline = speed.FlexBaseline(flex_attention, create_block_mask)
+    original = speed._FLEX[:]
+    speed._FLEX[:] = [baseline]
+    try:
+        for name in ("softmax", "alibi", "t5"):
+            enc = attention_methods()[name]
+            inputs = cases.make_inputs(enc, batch=1, heads=2, seq=128, head_dim=16,
+                                       dtype="fp32", device="cpu")  # fmt: skip
+            if enc is None:
+                label, fn = speed.sanity_contender(inputs, True)
+            else:
+                label, fn = speed.alternative(enc, inputs, True)
+            assert speed.is_flex(label) and callable(fn), (name, fn)
+            with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                want = attention(inputs.q, inputs.k, inputs.v, method=name, causal=True,
+                                 position_ids=inputs.positions, **inputs.params)  # fmt: skip
+                got = fn(inputs.q, inputs.k, inputs.v)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=name)
+            assert fn.options is None  # FlexAttention's own tiles
+            # fused by Inductor, not the unfused version that materialises the scores
+            assert not [w for w in caught if "without torch.compile" in str(w.message)]
+    finally:
+        speed._FLEX[:] = original
+    assert baseline.compiles == 1 and baseline.masks_built == 1
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_with_the_distance_table_computes_the_methods_attention(monkeypatch):
     """The FlexAttention alternative (eager here; compiled on a GPU) with the record's bias per
@@ -374,7 +637,8 @@ def test_flex_attention_with_the_distance_table_computes_the_methods_attention(m
 
     from course_lib.attention import attention
 
-    monkeypatch.setattr(speed, "_FLEX", [(flex_attention, create_block_mask)])
+    eager = speed.FlexBaseline(flex_attention, create_block_mask, compile=lambda f, **kw: f)
+    monkeypatch.setattr(speed, "_FLEX", [eager])
     timed = 0
     for name, encoding in attention_methods().items():
         for causal in (True, False):

@@ -341,7 +341,7 @@ def test_fox_kernel_matches_direct_formula(heads, seq):
     device = kernel_device()
     q, k, v, up, mask = _ragged(3, heads, seq, 16, seed=seq + 1)
     log_forget = F.logsigmoid(torch.randn(3, heads, seq, generator=gen(8)) + 1.0)
-    c = cumulative_log_forget(log_forget)
+    c = cumulative_log_forget(log_forget).float()  # the kernels read c as float32
 
     def fused(q, k, v, c):
         bias = ScoreBias("cumulative_log_gates", per_token=c)

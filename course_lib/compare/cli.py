@@ -314,6 +314,18 @@ def _log_session(
     """Append this call's record to ``<out_dir>/sessions.json``: when it started, its wall
     time, processes and mode, the 1-minute load average at its start and end, and how it
     ended."""
+    try:
+        _append_session(out_dir, started, load_at_start, processes, outcome)
+    except OSError as error:  # a folder that cannot be written: say so, never hide the cause
+        print(
+            f"{out_dir / 'sessions.json'}: this call is not recorded ({error.strerror or error})",
+            file=sys.stderr,
+        )
+
+
+def _append_session(
+    out_dir: Path, started: float, load_at_start: float | None, processes, outcome: str
+) -> None:
     path = out_dir / "sessions.json"
     sessions = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
     wall = time.perf_counter() - started

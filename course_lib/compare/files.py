@@ -10,6 +10,7 @@ file; or point ``--out`` elsewhere). The command line prints it without a traceb
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 __all__ = [
@@ -79,8 +80,10 @@ def read_result(path: str | Path) -> dict:
 
 def check_output_folder(path: str | Path, option: str) -> Path:
     """``path`` as a folder the comparison may create or write into: not an empty name (which
-    would be the current folder), not a file, not inside a file. ``option`` names it in
-    messages (``"--out"``)."""
+    would be the current folder), not a file, not inside a file, and inside a folder where
+    folders can be made (tried by making and removing an empty one in the nearest folder that
+    exists: ``/proc`` or a read-only disk refuse). ``option`` names it in messages
+    (``"--out"``)."""
     if str(path).strip() == "":
         raise ComparisonFileError(
             f"{option} is empty; give a folder name (an empty one would write into the current "
@@ -95,8 +98,22 @@ def check_output_folder(path: str | Path, option: str) -> Path:
                     f"{option} {path}: {folder} is a file, not a folder{inside}; choose another "
                     f"{option}"
                 )
+            _check_writable(folder, path, option)
             break
     return path
+
+
+def _check_writable(folder: Path, path: Path, option: str) -> None:
+    """Make and remove an empty folder in ``folder`` (the nearest existing one of ``path``)."""
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".write-check-", dir=folder))
+    except OSError as error:
+        where = "" if folder == path else f" (it would be made inside {folder})"
+        raise ComparisonFileError(
+            f"{option} {path}: the comparison cannot write there{where}: "
+            f"{error.strerror or error}; choose another {option}"
+        ) from None
+    probe.rmdir()
 
 
 def no_runs_message(out_dir: str | Path, preset: str, files: int) -> str:

@@ -18,6 +18,29 @@ channels scaled by ``w_k = base**(-k/m)``). Conversely every commuting family of
 matrices has this form (they can be brought to 2 x 2 blocks by one orthogonal ``Q``), so this is
 ComRoPE in general, not a special case: RoPE-Mixed (learned frequencies mixing both axes) seen
 in the basis ``Q``.
+
+Computed at RoPE's cost (:func:`comrope_rotation`). Write ``P_i = blockdiag_j(a_ij J)``. Since
+``Q`` is orthogonal, ``(Q M Q^T)^r = Q M^r Q^T`` for every power ``r``, so the exponential series
+gives, for block ``k`` at position ``p``::
+
+    matrix_exp(w_k sum_i p_i A_i) = Q matrix_exp(w_k sum_i p_i P_i) Q^T
+                                  = Q blockdiag_j(rot(theta_kj(p))) Q^T,
+    theta_kj(p) = w_k sum_i p_i a_ij,
+    rot(t) = matrix_exp(t J) = [[cos t, -sin t], [sin t, cos t]]
+
+(the ``P_i`` share their ``2 x 2`` blocks, and the exponential of a block-diagonal matrix is
+taken block by block). So ``R(p) x = Q rot(theta(p)) Q^T x``: turn each block into the basis
+``Q`` (one ``b x b`` product per token), rotate channel pairs ``(2t, 2t+1)``, ``t = k b/2 + j``,
+by the angles ``theta_kj(p)`` exactly as RoPE does, and turn back with ``Q``. No ``matrix_exp``
+per token: one per head (``Q``), and the angles are linear in the position. In a score,
+``(R(p) q)^T (R(p') k) = rot(theta(p)) Q^T q . rot(theta(p')) Q^T k`` (``Q`` cancels), which is
+the RoPE form of Yu et al. 2025's relative score. The transform still returns ``R(p) x`` (with
+``Q`` applied back), the same vectors as the exponential, so nothing downstream changes.
+
+The angles are learned (``angles``, ``basis``), and the kernels' cos/sin tables
+(:class:`course_lib.kernel_hooks.QKTables`) are constants that no gradient flows into: on the
+Triton backend the rotation runs in PyTorch with autograd, as RoPE-Mixed's does, before the plain
+flash kernel.
 """
 
 from __future__ import annotations
@@ -27,18 +50,24 @@ import math
 import torch
 from torch import nn
 
+from course_lib.checks import check_floating_input
 from course_lib.encodings.liere import (
     LIERE_BLOCK_SIZE,
-    apply_block_rotation,
+    apply_blocks,
+    block_scales,
     check_block_base,
+    distinct_positions,
+    gather_positions,
     skew_part,
 )
+from course_lib.encodings.rope import rotate_pairs
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
 __all__ = [
     "plane_generators",
     "comrope_generators",
+    "comrope_rotation",
     "comrope_transform",
     "check_comrope_params",
     "ComRoPEAttention",
@@ -88,11 +117,56 @@ def comrope_generators(basis: torch.Tensor, angles: torch.Tensor) -> torch.Tenso
     return q @ plane_generators(angles) @ q.transpose(-1, -2)  # [..., n, b, b]
 
 
+def comrope_rotation(
+    x: torch.Tensor,
+    coords: torch.Tensor,
+    basis: torch.Tensor,
+    angles: torch.Tensor,
+    *,
+    base: float = 100.0,
+) -> torch.Tensor:
+    """ComRoPE's rotation of ``x`` ``[batch, heads, seq, D]`` at RoPE's cost: the same function
+    as ``apply_block_rotation(x, coords, comrope_generators(basis, angles), base=base)``.
+
+    Block ``k`` of ``b`` channels at position ``p`` is ``Q rot_j(w_k sum_i p_i a_ij) Q^T`` times
+    the block: ``Q^T`` once per token (a ``b x b`` product), RoPE's pair rotation by the angles
+    ``w_k sum_i p_i a_ij`` (interleaved pairs, pair ``t = k b/2 + j``), ``Q`` back. ``coords``
+    ``[seq, n]`` or ``[batch, seq, n]``; ``basis`` ``[heads, b, b]``; ``angles`` ``[heads, n,
+    b/2]``. Float32 (float64 if an input is); autograd reaches ``basis`` and ``angles``.
+    """
+    check_floating_input(x, "x", " (a rotation of real channels: convert with x.float())")
+    base = check_block_base(base)
+    b = basis.shape[-1]
+    if x.dim() != 4 or basis.shape != (x.shape[1], b, b) or x.shape[-1] % b:
+        raise ValueError(
+            f"x [batch, heads, seq, head_dim] = {tuple(x.shape)} needs basis [heads, b, b] with b "
+            f"dividing head_dim; got basis {tuple(basis.shape)}"
+        )
+    if angles.shape != (x.shape[1], coords.shape[-1], b // 2) or coords.dim() not in (2, 3):
+        raise ValueError(
+            f"angles must be [heads, n, b/2] = [{x.shape[1]}, {coords.shape[-1]}, {b // 2}] and "
+            f"coords [seq, n] or [batch, seq, n]; got {tuple(angles.shape)}, {tuple(coords.shape)}"
+        )
+    dt = torch.float64 if torch.float64 in (x.dtype, basis.dtype, angles.dtype) else torch.float32
+    m = x.shape[-1] // b
+    q = torch.linalg.matrix_exp(skew_part(basis.to(dt)))[:, None, None]  # [heads, 1, 1, b, b]
+    blocks = x.to(dt).reshape(*x.shape[:-1], m, b)  # [batch, heads, seq, m, b]
+    turned = apply_blocks(q.transpose(-1, -2), blocks)  # Q^T per block
+    # angles per distinct position and head, gathered: [.., heads, seq, m, b/2] -> D/2 pairs
+    w = block_scales(m, base).to(device=x.device, dtype=dt)  # [m]
+    unique, inverse = distinct_positions(coords)  # [U, n]
+    speed = unique.to(dt) @ angles.to(dt)  # [heads, U, b/2]: sum_i p_i a_ij
+    theta = (speed[:, :, None, :] * w[:, None]).flatten(-2)  # [heads, U, D/2]
+    theta = gather_positions(theta, inverse, coords, per_head=True)
+    turned = rotate_pairs(turned.reshape(x.shape), theta.cos(), theta.sin(), "interleaved")
+    out = apply_blocks(q, turned.reshape(blocks.shape))  # Q back
+    return out.reshape(x.shape).to(x.dtype)
+
+
 # -- hooks of the registry record ----------------------------------------------------------------
 def comrope_transform(x: torch.Tensor, positions: torch.Tensor, params: dict) -> torch.Tensor:
     """rotates each block of b channels by matrix_exp(w_k sum_i p_i A_i), commuting A_i"""
-    generators = comrope_generators(params["basis"], params["angles"])
-    return apply_block_rotation(x, positions, generators, base=params["base"])
+    return comrope_rotation(x, positions, params["basis"], params["angles"], base=params["base"])
 
 
 def check_comrope_params(

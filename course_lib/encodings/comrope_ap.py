@@ -21,6 +21,13 @@ pairs do. ``w_j P_j`` is again a learned matrix, so the scale changes the starti
 the family. For image patches ``N = 2``: even blocks turn with the row, odd ones with the
 column. The rotation is dense per block, so on the Triton backend it runs in PyTorch before the
 plain flash kernel.
+
+Computed axis by axis (:func:`~course_lib.encodings.comrope_ap.apply_block_axes`): a block's
+angle matrices are multiples of one skew matrix ``S_j``, which commute, so ``matrix_exp(w_j
+sum_i c_ij p_i S_j) = prod_i matrix_exp(w_j c_ij p_i S_j)``; the factor of axis ``i`` depends on
+``p_i`` alone, so ``matrix_exp`` runs once per distinct value of each coordinate (a 64 x 64 grid:
+64 per axis and block, not 4096 positions), and each factor is gathered and applied as one
+batched product.
 """
 
 from __future__ import annotations
@@ -31,8 +38,11 @@ from torch import nn
 from course_lib.checks import check_float_tensor
 from course_lib.encodings.liere import (
     LIERE_BLOCK_SIZE,
+    apply_blocks,
     block_scales,
     check_block_base,
+    distinct_positions,
+    gather_positions,
     lie_rotation,
     skew_part,
 )
@@ -41,6 +51,8 @@ from course_lib.registry import REQUIRED, Encoding, register
 
 __all__ = [
     "apply_block_generators",
+    "apply_block_axes",
+    "axis_owners",
     "comrope_ap_generators",
     "comrope_ap_transform",
     "check_comrope_ap_params",
@@ -93,13 +105,64 @@ def apply_block_generators(
         )
     dt = torch.float64 if torch.float64 in (x.dtype, generators.dtype) else torch.float32
     w = block_scales(m, base).to(device=x.device, dtype=dt)  # [m]
-    c = coords.to(dt)
-    if c.dim() == 3:
-        c = c[:, None]  # [batch, 1, seq, n]
-    scaled = c[..., None, :] * w[:, None]  # [..., seq, m, n]
-    rotation = lie_rotation(scaled, generators.to(dt)[:, None])  # [..., heads, seq, m, b, b]
+    # one matrix_exp per distinct position, head and block, gathered to the tokens
+    unique, inverse = distinct_positions(coords)  # [U, n]
+    scaled = unique.to(dt)[:, None, :] * w[:, None]  # [U, m, n]
+    rotation = lie_rotation(scaled, generators.to(dt)[:, None])  # [heads, U, m, b, b]
+    rotation = gather_positions(rotation, inverse, coords, per_head=True)
     blocks = x.to(dt).reshape(*x.shape[:-1], m, b)  # [batch, heads, seq, m, b]
-    return (rotation @ blocks[..., None])[..., 0].reshape(x.shape).to(x.dtype)
+    return apply_blocks(rotation, blocks).reshape(x.shape).to(x.dtype)
+
+
+def apply_block_axes(
+    x: torch.Tensor,
+    coords: torch.Tensor,
+    skews: torch.Tensor,
+    speeds: torch.Tensor,
+    *,
+    base: float = 100.0,
+) -> torch.Tensor:
+    """Rotate block ``j`` of ``x`` by ``matrix_exp(w_j (sum_i speeds[i, j] p_i) S_j)``, one
+    skew-symmetric matrix ``S_j`` per head and block: ``x`` ``[batch, heads, seq, D]``;
+    ``coords`` ``[seq, n]`` or ``[batch, seq, n]``; ``skews`` ``[heads, m, b, b]`` (used as
+    given: pass skew-symmetric matrices); ``speeds`` ``[n, m]``; ``w_j = base**(-j/m)``.
+
+    The same function as :func:`apply_block_generators` with the generators ``speeds[i, j]
+    S_j``, computed axis by axis: multiples of one matrix commute, so ``matrix_exp(w_j sum_i
+    speeds[i, j] p_i S_j) = prod_i matrix_exp(w_j speeds[i, j] p_i S_j)``, and the factor of axis
+    ``i`` depends on ``p_i`` alone: one ``matrix_exp`` per distinct value of each coordinate
+    (a 64 x 64 grid: 64 per axis, not 4096 positions), gathered, one batched product per axis.
+    """
+    if x.dim() != 4 or skews.dim() != 4 or skews.shape[0] != x.shape[1]:
+        raise ValueError(
+            f"x must be [batch, heads, seq, head_dim] and skews [heads, m, b, b]; got "
+            f"{tuple(x.shape)}, {tuple(skews.shape)}"
+        )
+    m, b = skews.shape[1], skews.shape[-1]
+    n = coords.shape[-1]
+    if m * b != x.shape[-1] or speeds.shape != (n, m) or coords.shape[-2] != x.shape[-2]:
+        raise ValueError(
+            f"skews [heads, m, b, b] need m * b = head_dim = {x.shape[-1]}, speeds [n, m] and "
+            f"coords [..., seq={x.shape[-2]}, n]; got {tuple(skews.shape)}, "
+            f"{tuple(speeds.shape)}, {tuple(coords.shape)}"
+        )
+    dt = torch.float64 if torch.float64 in (x.dtype, skews.dtype, speeds.dtype) else torch.float32
+    w = block_scales(m, base).to(device=x.device, dtype=dt)  # [m]
+    s = skews.to(dt)[:, None]  # [heads, 1, m, b, b]
+    blocks = x.to(dt).reshape(*x.shape[:-1], m, b)  # [batch, heads, seq, m, b]
+    for axis in range(n):
+        values, inverse = distinct_positions(coords[..., axis : axis + 1])  # [U, 1]
+        t = values.to(dt) * (w * speeds[axis].to(dt))  # [U, m]
+        factor = torch.linalg.matrix_exp(t[..., None, None] * s)  # [heads, U, m, b, b]
+        factor = gather_positions(factor, inverse, coords[..., axis : axis + 1], per_head=True)
+        blocks = apply_blocks(factor, blocks)
+    return blocks.reshape(x.shape).to(x.dtype)
+
+
+def axis_owners(blocks: int, axes: int = AXES, device=None, dtype=torch.float32) -> torch.Tensor:
+    """``[axes, blocks]``: 1 where block ``j`` turns with axis ``i`` (``j = i (mod axes)``)."""
+    owner = torch.arange(blocks, device=device) % axes
+    return (owner[None] == torch.arange(axes, device=device)[:, None]).to(dtype)
 
 
 def comrope_ap_generators(blocks: torch.Tensor, axes: int = AXES) -> torch.Tensor:
@@ -116,8 +179,9 @@ def comrope_ap_generators(blocks: torch.Tensor, axes: int = AXES) -> torch.Tenso
 # -- hooks of the registry record ----------------------------------------------------------------
 def comrope_ap_transform(x: torch.Tensor, positions: torch.Tensor, params: dict) -> torch.Tensor:
     """rotates block j by matrix_exp(w_j p_axis(j) (P_j - P_j^T)), one axis per block (ComRoPE-AP)"""
-    generators = comrope_ap_generators(params["blocks"])
-    return apply_block_generators(x, positions, generators, base=params["base"])
+    blocks = params["blocks"]
+    owners = axis_owners(blocks.shape[-3], device=blocks.device, dtype=blocks.dtype)
+    return apply_block_axes(x, positions, 2 * skew_part(blocks), owners, base=params["base"])
 
 
 def check_comrope_ap_params(

@@ -19,6 +19,13 @@ Course conventions, as in :mod:`.comrope_ap`: integer patch coordinates, block `
 the fixed ``w_j = base**(-j/m)``; ``P_j`` starts with normal entries of std ``init_std`` and
 ``theta`` with standard normal entries (the authors' initialisation). On the Triton backend the
 rotation runs in PyTorch before the plain flash kernel.
+
+Computed axis by axis (:func:`~course_lib.encodings.comrope_ap.apply_block_axes`): a block's
+angle matrices are multiples of one skew matrix ``S_j``, which commute, so ``matrix_exp(w_j
+sum_i c_ij p_i S_j) = prod_i matrix_exp(w_j c_ij p_i S_j)``; the factor of axis ``i`` depends on
+``p_i`` alone, so ``matrix_exp`` runs once per distinct value of each coordinate (a 64 x 64 grid:
+64 per axis and block, not 4096 positions), and each factor is gathered and applied as one
+batched product.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import torch
 from torch import nn
 
 from course_lib.checks import check_float_tensor
-from course_lib.encodings.comrope_ap import AXES, apply_block_generators, check_block_count
+from course_lib.encodings.comrope_ap import AXES, apply_block_axes, check_block_count
 from course_lib.encodings.liere import LIERE_BLOCK_SIZE, check_block_base, skew_part
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
@@ -51,8 +58,8 @@ def comrope_ld_generators(blocks: torch.Tensor, scales: torch.Tensor) -> torch.T
 # -- hooks of the registry record ----------------------------------------------------------------
 def comrope_ld_transform(x: torch.Tensor, positions: torch.Tensor, params: dict) -> torch.Tensor:
     """rotates block j by matrix_exp(w_j (theta_1j p_1 + theta_2j p_2)(P_j - P_j^T)) (ComRoPE-LD)"""
-    generators = comrope_ld_generators(params["blocks"], params["scales"])
-    return apply_block_generators(x, positions, generators, base=params["base"])
+    skews = 2 * skew_part(params["blocks"])  # P_j - P_j^T
+    return apply_block_axes(x, positions, skews, params["scales"], base=params["base"])
 
 
 def check_comrope_ld_params(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.checks import check_float_tensor
+from course_lib.checks import any_true, check_float_tensor
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -63,8 +63,23 @@ def interpolate_position_logits(z: torch.Tensor, positions: torch.Tensor) -> tor
 
     ``z`` ``[..., Nq, npos]`` (``z_i[n] = q_i . e[n]``), ``positions`` ``[..., Nq, Nk]`` in
     ``[0, npos - 1]`` -> ``[..., Nq, Nk]``. Differentiable in ``z`` and in ``positions``
-    (``d/dp = z[ceil p] - z[floor p]``; 0 at an integer).
+    (``d/dp = z[ceil p] - z[floor p]``; 0 at an integer). A position outside ``[0, npos - 1]``
+    has no logit to read and is refused (:func:`contextual_positions` caps its counts at
+    ``npos - 1``); a NaN one gives NaN.
     """
+    npos = z.shape[-1]
+    if positions.is_complex() or not positions.is_floating_point():
+        raise TypeError(
+            f"positions must be a real floating-point tensor (counts, read between integer "
+            f"positions), got {positions.dtype}"
+        )
+    if any_true(positions < 0) or any_true(positions > npos - 1):
+        finite = positions.detach()[~torch.isnan(positions.detach())]
+        raise ValueError(
+            f"positions must lie in [0, npos - 1] = [0, {npos - 1}] (z holds npos={npos} logits "
+            f"per query), got values from {finite.min().item():g} to {finite.max().item():g}; "
+            "cap the counts at npos - 1 as contextual_positions does"
+        )
     lower = positions.floor()
     w = positions - lower
     z = z.expand(*positions.shape[:-1], z.shape[-1])

@@ -151,5 +151,6 @@ register(
         kernel_tables=exposb_kernel_tables,
         kernel_bias=exposb_kernel_bias,
         kernel_hooks=(EXPOSB_DISTANCE,) if EXPOSB_DISTANCE is not None else (),
+        distance_only=True,
     )
 )

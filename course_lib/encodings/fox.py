@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import any_true, check_float_tensor
+from course_lib.checks import any_true, check_float_tensor, has_values
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
@@ -39,8 +39,15 @@ __all__ = ["FoXAttention", "cumulative_log_forget", "forget_bias_for_decay_time"
 
 
 def cumulative_log_forget(log_forget: torch.Tensor) -> torch.Tensor:
-    """``c_t = sum_{l <= t} log f_l``: ``[..., seq] -> [..., seq]`` (so ``D_ij = c_i - c_j``)."""
-    return torch.cumsum(log_forget, dim=-1)
+    """``c_t = sum_{l <= t} log f_l``: ``[..., seq] -> [..., seq]`` (so ``D_ij = c_i - c_j``),
+    float64 whatever the gates' dtype.
+
+    In float32 one gate shut hard (``log f = -1e8``) would make ``c`` so large that the later
+    gates, -1 each, vanish below its rounding, and ``c_i - c_j`` between two later tokens would
+    come out 0 instead of ``-(i - j)``; gates of ``-2e38`` would overflow ``c`` to ``-inf`` and
+    ``c_i - c_j`` to NaN. Float64 keeps both exact to float32's precision.
+    """
+    return torch.cumsum(log_forget, dim=-1, dtype=torch.float64)
 
 
 def fox_bias(query_positions: torch.Tensor, key_positions: torch.Tensor, params: dict):
@@ -122,10 +129,44 @@ if kernels_available():
     )
 
 
+#: The kernels read ``log f`` no lower than this: a gate of ``e^-1024`` already gives every key
+#: behind it no weight (nor gradient) in any float format, and a lower one would make the
+#: cumulative sum, which the kernels read as float32, overflow or lose the gates after it.
+KERNEL_GATE_FLOOR = -1024.0
+#: Largest ``|c|`` the kernels take where ``c_i - c_j`` still counts: float32 rounds ``c`` there
+#: to 1/64, so ``c_i - c_j`` is right to 1/32 (bf16's rounding of a score of 8).
+KERNEL_SUM_LIMIT = 2.0**18
+_CLOSED = -128.0  # log f below this hides the keys before it (e^-128 < float32's smallest)
+
+
 def fox_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:
     """:data:`CUMULATIVE_LOG_GATES`: ``b_ij = c_i - c_j`` with ``c`` ``[batch, heads, seq]`` the
-    cumulative sum (in torch, so autograd carries ``dc`` back to ``log f``)."""
-    return ScoreBias(CUMULATIVE_LOG_GATES, per_token=cumulative_log_forget(params["log_forget"]))
+    cumulative sum (in torch, so autograd carries ``dc`` back to ``log f``), summed in float64
+    over the gates floored at :data:`KERNEL_GATE_FLOOR` and handed over in the gates' dtype.
+    Refused where float32 cannot hold ``c`` finely enough for the keys that count."""
+    log_forget = params["log_forget"]
+    floored = log_forget.clamp(min=KERNEL_GATE_FLOOR)
+    c = cumulative_log_forget(floored)
+    _check_kernel_sum(floored.detach(), c.detach())
+    return ScoreBias(CUMULATIVE_LOG_GATES, per_token=c.to(log_forget.dtype))
+
+
+def _check_kernel_sum(log_forget: torch.Tensor, c: torch.Tensor) -> None:
+    """Query ``i`` sees keys before it only if its own gate is open (``log f_i > -128``); there
+    ``c_i - c_j`` is read from float32 values of ``c``, which must stay below
+    :data:`KERNEL_SUM_LIMIT` in size."""
+    if c.shape[-1] < 2 or not has_values(c):
+        return
+    counts = log_forget[..., 1:] > _CLOSED
+    largest = float(torch.where(counts, c[..., 1:].abs(), torch.zeros_like(c[..., 1:])).max())
+    if largest >= KERNEL_SUM_LIMIT:
+        raise ValueError(
+            "backend='triton' reads FoX's cumulative log forget gates c_t = sum_(l<=t) log f_l "
+            f"as float32, which keeps c_i - c_j to 1/32 only while |c| < 2^18 = "
+            f"{KERNEL_SUM_LIMIT:,.0f}; here |c| reaches {largest:.3g} at a token whose earlier "
+            "keys still count (its log f > -128), where float32 would lose the gates after it: "
+            "use backend='reference' (it sums in float64), or shorter sequences"
+        )
 
 
 def forget_bias_for_decay_time(decay_time: float | torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import any_true, check_choice, check_float_tensor
+from course_lib.checks import any_true, check_choice, check_float_tensor, check_integer_tensor
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -50,9 +50,30 @@ def kerple_bias(
     ``[H, ...]`` in the parameters' dtype.
 
     ``log``: ``-r1 log(1 + r2 |d|)``; ``power``: ``-r1 |d|^r2`` (0 at ``d = 0``, where the
-    exponent's gradient ``|d|^r2 log|d|`` is taken as its limit, 0).
+    exponent's gradient ``|d|^r2 log|d|`` is taken as its limit, 0). ``r1`` and ``r2`` must be
+    finite and > 0, as ``attention(method="kerple")`` requires (a negative ``r2`` would give
+    ``-inf`` and NaN); the power variant's ``r2 > 2``, which attention refuses (no longer
+    conditionally positive definite), is evaluated here, to be looked at.
     """
+    check_integer_tensor(distances, "distances (p_i - p_j)")
+    for name, value in (("r1", r1), ("r2", r2)):
+        if not isinstance(value, torch.Tensor) or value.dim() != 1:
+            raise ValueError(
+                f"KERPLE {name} must be a 1-D tensor [heads], got "
+                f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}"
+            )
+    if r1.shape != r2.shape:
+        raise ValueError(
+            f"KERPLE r1 and r2 must hold one value per head each, got shapes {tuple(r1.shape)} "
+            f"and {tuple(r2.shape)}"
+        )
     check_choice("KERPLE variant", variant, KERPLE_VARIANTS)
+    _check_kerple_values(r1, r2, "log")  # power's r2 > 2 stays a formula to look at
+    return _kerple_bias(distances, r1, r2, variant)
+
+
+def _kerple_bias(distances, r1, r2, variant):
+    """:func:`kerple_bias` of arguments already checked."""
     shape = (-1, *([1] * distances.dim()))
     r1, r2 = r1.view(shape), r2.view(shape)
     distance = distances.abs().to(r1.dtype)
@@ -66,7 +87,7 @@ def kerple_bias(
 # -- hooks of the registry record ----------------------------------------------------------------
 def kerple_distance_bias(distances: torch.Tensor, params: dict) -> torch.Tensor:
     """-r1_h log(1 + r2_h |p_i - p_j|) (or -r1_h |p_i - p_j|^r2_h), two learned numbers per head"""
-    return kerple_bias(distances, params["r1"], params["r2"], params["variant"])
+    return _kerple_bias(distances, params["r1"], params["r2"], params["variant"])
 
 
 def check_kerple_params(params: dict, *, heads: int, head_dim: int, device, **call) -> None:
@@ -75,9 +96,21 @@ def check_kerple_params(params: dict, *, heads: int, head_dim: int, device, **ca
     variant = check_choice("KERPLE variant", params["variant"], KERPLE_VARIANTS)
     for name in ("r1", "r2"):
         check_float_tensor(params[name], f"KERPLE {name}", "[heads]", device, shape=(heads,))
-        if any_true(params[name].detach() <= 0):
-            raise ValueError(f"KERPLE {name} must be > 0 for every head (the kernel's parameters)")
-    if variant == "power" and any_true(params["r2"].detach() > 2):
+    _check_kerple_values(params["r1"], params["r2"], variant)
+
+
+def _check_kerple_values(r1: torch.Tensor, r2: torch.Tensor, variant: str) -> None:
+    """Finite floating ``r1``, ``r2``, both > 0 for every head; ``r2 <= 2`` for ``power``."""
+    for name, value in (("r1", r1), ("r2", r2)):
+        if not value.is_floating_point():
+            raise TypeError(f"KERPLE {name} must be a floating-point tensor, got {value.dtype}")
+        values = value.detach()
+        if any_true(~torch.isfinite(values) | (values <= 0)):
+            raise ValueError(
+                f"KERPLE {name} must be > 0 for every head, and finite (the kernel's "
+                f"parameters), got {values.tolist() if values.numel() <= 8 else 'other values'}"
+            )
+    if variant == "power" and any_true(r2.detach() > 2):
         raise ValueError(
             "KERPLE's power variant needs 0 < r2 <= 2 (|d|^r2 is conditionally positive "
             "definite only there)"

@@ -19,6 +19,14 @@ giving each block its own scale (a course decision) keeps the parameters indepen
 ``head_dim`` (``2 * b * b`` per head) and makes the blocks see positions at several scales from
 the first step. ``b = 4`` by default: the smallest even block whose rotations need not commute
 (``2 x 2`` rotations always do), at ``b`` multiply-adds per channel and token (RoPE: 2).
+
+The rotation depends on the position alone, so :func:`apply_block_rotation` computes
+``matrix_exp`` once per distinct position (and head and block), whatever the batch (positions
+shared by the batch: ``seq`` of them per head, not ``batch * seq``), gathers them to the tokens
+and applies them as one batched product. For ``b = 4`` the exponential is taken in closed form
+(:func:`skew4_exp`: a ``4 x 4`` generator is the sum of two commuting ones that square to
+multiples of ``-I``), elementwise. The generators do not commute, so there is no shared
+basis to rotate in (ComRoPE's shortcut, :mod:`.comrope`).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.checks import check_floating_input, check_real
+from course_lib.checks import check_floating_input, check_real, has_values
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -40,6 +48,11 @@ __all__ = [
     "check_liere_params",
     "LieREAttention",
     "LIERE_BLOCK_SIZE",
+    "distinct_positions",
+    "gather_positions",
+    "apply_blocks",
+    "skew4_exp",
+    "FLOAT32_EXP_NORM",
 ]
 
 LIERE_BLOCK_SIZE = 4
@@ -89,13 +102,48 @@ def lie_rotation(coords: torch.Tensor, generators: torch.Tensor) -> torch.Tensor
     ``coords.shape[:-1]``, so ``coords [seq, n]`` with ``generators [n, D, D]`` gives
     ``[seq, D, D]``, and ``coords [batch, 1, seq, n]`` with ``generators [heads, 1, n, D, D]``
     gives ``[batch, heads, seq, D, D]``. Float32 (float64 if either input is float64).
+
+    The exponential is taken in float64 (then rounded to float32) once some ``sum_i p_i A_i``
+    has a 1-norm above :data:`FLOAT32_EXP_NORM`: float32's scaling and squaring loses
+    orthogonality in proportion to the norm (``|R^T R - I|`` about ``2e-7`` times it), so a
+    large argument (coordinates of ``1e6``) would give no rotation at all.
     """
     check_generators(generators)
     _check_coords(coords, generators.shape[-3])
+    try:
+        torch.broadcast_shapes(coords.shape[:-1], generators.shape[:-3])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading axes of coords {tuple(coords.shape)} (all but the last, "
+            f"{tuple(coords.shape[:-1])}) and of generators {tuple(generators.shape)} (all but "
+            f"the last three, {tuple(generators.shape[:-3])}) must broadcast, right-aligned: e.g. "
+            "coords [seq, n] with generators [n, D, D], or coords [batch, 1, seq, n] with "
+            "generators [heads, 1, n, D, D]"
+        ) from None
     dt = _compute_dtype(generators, coords if coords.is_floating_point() else generators)
     a = skew_part(generators.to(dt))  # [..., n, D, D]
     c = coords.to(device=a.device, dtype=dt)[..., None, None]  # [..., n, 1, 1]
-    return torch.linalg.matrix_exp((c * a).sum(-3))  # [..., D, D]
+    argument = (c * a).sum(-3)  # [..., D, D]
+    if dt == torch.float64 or not _too_large_for_float32(argument):
+        return torch.linalg.matrix_exp(argument)
+    # the rotation of exactly these float32 inputs, as the float64 code computes it
+    wide_a = skew_part(generators.to(device=a.device, dtype=torch.float64))
+    wide = (coords.to(device=a.device, dtype=torch.float64)[..., None, None] * wide_a).sum(-3)
+    return torch.linalg.matrix_exp(wide).to(dt)
+
+
+#: The largest 1-norm of ``sum_i p_i A_i`` whose exponential float32 computes (about
+#: ``256 * 2e-7 = 5e-5`` from orthogonal); larger ones are computed in float64.
+FLOAT32_EXP_NORM = 256.0
+
+
+def _too_large_for_float32(argument: torch.Tensor) -> bool:
+    """Some matrix of ``argument`` ``[..., D, D]`` has a 1-norm above :data:`FLOAT32_EXP_NORM`
+    (False for meta tensors and empty ones)."""
+    if argument.numel() == 0 or not has_values(argument):
+        return False
+    norms = argument.detach().abs().sum(-2).amax(-1)  # the largest column sum of each matrix
+    return bool((norms > FLOAT32_EXP_NORM).any())
 
 
 def block_scales(num_blocks: int, base: float = 100.0) -> torch.Tensor:
@@ -156,17 +204,100 @@ def apply_block_rotation(
     m = dim // b
     dt = _compute_dtype(x, generators)
     w = block_scales(m, base).to(device=x.device, dtype=dt)  # [m]
-    c = coords.to(dt)
-    if coords.dim() == 3:
-        c = c[:, None]  # [batch, 1, seq, n]: the same for every head
-    scaled = c[..., None, :] * w[:, None]  # [..., seq, m, n]
     g = generators.to(dt)
     if g.dim() == 4:
-        g = g[:, None, None]  # [heads, 1 (seq), 1 (block), n, b, b]
-    rotation = lie_rotation(scaled, g)  # [..., seq, m, b, b]
+        g = g[:, None, None]  # [heads, 1 (position), 1 (block), n, b, b]
+    # one matrix_exp per distinct position (per head), gathered to the tokens
+    unique, inverse = distinct_positions(coords)  # [U, n], [tokens]
+    scaled = unique.to(dt)[:, None, :] * w[:, None]  # [U, m, n]
+    rotation = _block_exp(scaled, g)  # [(heads,) U, m, b, b]
+    rotation = gather_positions(rotation, inverse, coords, per_head=generators.dim() == 4)
     blocks = x.to(dt).reshape(*x.shape[:-1], m, b)  # [..., seq, m, b]
-    out = (rotation @ blocks[..., None])[..., 0]  # [..., seq, m, b]
-    return out.reshape(x.shape).to(x.dtype)
+    return apply_blocks(rotation, blocks).reshape(x.shape).to(x.dtype)
+
+
+def _block_exp(scaled: torch.Tensor, generators: torch.Tensor) -> torch.Tensor:
+    """``lie_rotation(scaled, generators)``; for ``4 x 4`` blocks in closed form
+    (:func:`skew4_exp`), elementwise instead of a batched series."""
+    if generators.shape[-1] != 4 or scaled.device.type == "meta":
+        return lie_rotation(scaled, generators)
+    check_generators(generators)
+    _check_coords(scaled, generators.shape[-3])
+    a = skew_part(generators)  # [..., n, 4, 4]
+    return skew4_exp((scaled[..., None, None] * a).sum(-3))
+
+
+def _cos_sinc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos(sqrt(x))`` and ``sin(sqrt(x)) / sqrt(x)`` for ``x >= 0``, with finite gradients at
+    0 (a Taylor series below ``1e-4``, where its next term is below ``1e-22``)."""
+    small = x < 1e-4
+    r = torch.where(small, torch.ones_like(x), x).sqrt()
+    cos = torch.where(small, 1 - x / 2 + x * x / 24 - x**3 / 720, r.cos())
+    sinc = torch.where(small, 1 - x / 6 + x * x / 120 - x**3 / 5040, r.sin() / r)
+    return cos, sinc
+
+
+def skew4_exp(s: torch.Tensor) -> torch.Tensor:
+    """``matrix_exp(S)`` of skew-symmetric ``4 x 4`` matrices ``[..., 4, 4]`` in closed form (only
+    the entries above the diagonal are read).
+
+    ``S = S+ + S-`` with ``S+ = (S + *S) / 2`` and ``S- = (S - *S) / 2`` (``*S`` swaps each
+    plane's entry with that of the complementary plane: ``01 <-> 23``, ``02 <-> -13``,
+    ``03 <-> 12``). ``S+`` and ``S-`` commute and each squares to ``-r^2 I`` (``r^2`` the sum of
+    its three independent entries squared), so ``matrix_exp(S+-) = cos(r) I + sin(r)/r S+-``
+    (Rodrigues' formula, as for unit quaternions) and ``matrix_exp(S) = matrix_exp(S+)
+    matrix_exp(S-)``.
+    """
+    a, b, c = s[..., 0, 1], s[..., 0, 2], s[..., 0, 3]
+    d, e, f = s[..., 1, 2], s[..., 1, 3], s[..., 2, 3]
+
+    def skew(x01, x02, x03, x12, x13, x23):
+        z = torch.zeros_like(x01)
+        rows = ((z, x01, x02, x03), (-x01, z, x12, x13), (-x02, -x12, z, x23),
+                (-x03, -x13, -x23, z))  # fmt: skip
+        return torch.stack([torch.stack(row, -1) for row in rows], -2)
+
+    u1, u2, u3 = (a + f) / 2, (b - e) / 2, (c + d) / 2  # S+
+    v1, v2, v3 = (a - f) / 2, (b + e) / 2, (c - d) / 2  # S-
+    eye = torch.eye(4, dtype=s.dtype, device=s.device)
+    cos_p, sinc_p = _cos_sinc(u1 * u1 + u2 * u2 + u3 * u3)
+    cos_m, sinc_m = _cos_sinc(v1 * v1 + v2 * v2 + v3 * v3)
+    plus = cos_p[..., None, None] * eye + sinc_p[..., None, None] * skew(u1, u2, u3, u3, -u2, u1)
+    minus = cos_m[..., None, None] * eye + sinc_m[..., None, None] * skew(v1, v2, v3, -v3, v2, -v1)
+    return plus @ minus
+
+
+def distinct_positions(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``coords`` ``[..., seq, n]`` -> ``(unique [U, n], inverse [tokens])`` with
+    ``unique[inverse]`` the flattened coordinates: a transform of the position alone is computed
+    ``U`` times (once per distinct position, whatever the batch) and gathered. Coordinates that
+    require grad, or meta tensors (shapes only), are kept as they are (``U`` = every token)."""
+    flat = coords.reshape(-1, coords.shape[-1])
+    if coords.requires_grad or coords.device.type == "meta":
+        return flat, torch.arange(flat.shape[0], device=flat.device)
+    unique, inverse = torch.unique(flat, dim=0, return_inverse=True)
+    return unique, inverse.reshape(-1)
+
+
+def gather_positions(
+    table: torch.Tensor, inverse: torch.Tensor, coords: torch.Tensor, *, per_head: bool
+) -> torch.Tensor:
+    """A table ``[(heads,) U, *rest]`` of one entry per distinct position -> one per token,
+    shaped to broadcast against ``x`` ``[(batch, heads,) seq, ...]``: ``[(heads,) seq, *rest]``
+    for ``coords`` ``[seq, n]``, ``[batch, heads or 1, seq, *rest]`` for ``[batch, seq, n]``."""
+    lead = 1 if per_head else 0
+    rest = table.shape[lead + 1 :]
+    tokens = table.index_select(lead, inverse)  # [(heads,) tokens, *rest]
+    tokens = tokens.reshape(*table.shape[:lead], *coords.shape[:-1], *rest)
+    if coords.dim() == 3:  # [(heads,) batch, seq, *rest] -> [batch, heads or 1, seq, *rest]
+        tokens = tokens.movedim(0, 1) if per_head else tokens.unsqueeze(1)
+    return tokens
+
+
+def apply_blocks(rotation: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """``rotation [..., m, b, b] @ blocks [..., m, b]`` over broadcast leading axes: one batched
+    product (``einsum`` contracts without copying the rotations once per batch row)."""
+    return torch.einsum("...ij,...j->...i", rotation, blocks)
 
 
 # -- hooks of the registry record ----------------------------------------------------------------
@@ -227,6 +358,9 @@ class LieREAttention(PositionalSelfAttention):
                 f"block_size must be an integer >= 2 that divides head_dim={self.head_dim}, got "
                 f"{block_size!r}"
             )
+        init_std = check_real(
+            "init_std (the generators' initial standard deviation)", init_std, at_least=0.0
+        )
         self.block_size = block_size
         self.generators = nn.Parameter(torch.randn(num_heads, 2, block_size, block_size) * init_std)
 

@@ -35,6 +35,7 @@ __all__ = [
     "rope_angles",
     "apply_rope",
     "rotate_pairs",
+    "check_rotation_positions",
     "rope_half_permutation",
     "rope_transform",
     "rope_kernel_tables",
@@ -281,6 +282,38 @@ def rope_angles(
     return position_ids.to(torch.float32).unsqueeze(-1) * inv_freq.to(position_ids.device)
 
 
+def check_rotation_positions(x: torch.Tensor, position_ids: torch.Tensor) -> None:
+    """``x`` ``[..., seq, head_dim]`` (at least 2-D) and ``position_ids`` ``[seq]`` or
+    ``[batch, seq]`` (the batch of a 4-D ``x`` ``[batch, heads, seq, head_dim]``, or 1), on one
+    device: the shapes a rotation by position takes."""
+    if x.dim() < 2:
+        raise ValueError(
+            f"x must be [..., seq, head_dim] (at least 2-D: one vector per position), got shape "
+            f"{tuple(x.shape)}; for one vector use x[None] with position_ids of shape [1]"
+        )
+    seq = x.shape[-2]
+    shape = tuple(position_ids.shape)
+    if position_ids.dim() not in (1, 2) or shape[-1] != seq:
+        raise ValueError(
+            f"position_ids must be [seq] or [batch, seq] with seq={seq} (x is {tuple(x.shape)}), "
+            f"got {shape}"
+        )
+    # [batch, seq] positions meet a 4-D x as [batch, 1 (heads), seq]
+    fitted = (shape[0], 1, seq) if len(shape) == 2 and x.dim() == 4 else shape
+    try:
+        fits = torch.broadcast_shapes(fitted, x.shape[:-1]) == x.shape[:-1]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"position_ids of shape {shape} do not fit x of shape {tuple(x.shape)}: give "
+            f"[seq] = [{seq}], or [batch, seq] with a batch of 1 or that of x [batch, heads, "
+            "seq, head_dim]"
+        )
+    if position_ids.device != x.device:
+        raise ValueError(f"position_ids are on {position_ids.device} but x is on {x.device}")
+
+
 def _angles_for(
     x: torch.Tensor, position_ids: torch.Tensor, base: float, scaling: dict | None, seq_len
 ) -> torch.Tensor:
@@ -289,14 +322,8 @@ def _angles_for(
     ``position_ids`` ``[seq]`` gives ``[seq, D/2]``; ``[batch, seq]`` with a 4-D ``x``
     (``[batch, heads, seq, head_dim]``) gives ``[batch, 1, seq, D/2]``.
     """
-    seq, head_dim = x.shape[-2], x.shape[-1]
-    if position_ids.shape[-1] != seq or position_ids.dim() > 2:
-        raise ValueError(
-            f"position_ids must be [seq] or [batch, seq] with seq={seq}, got {tuple(position_ids.shape)}"
-        )
-    if position_ids.device != x.device:
-        raise ValueError(f"position_ids are on {position_ids.device} but x is on {x.device}")
-    angles = rope_angles(position_ids, head_dim, base, scaling=scaling, seq_len=seq_len)
+    check_rotation_positions(x, position_ids)
+    angles = rope_angles(position_ids, x.shape[-1], base, scaling=scaling, seq_len=seq_len)
     if position_ids.dim() == 2 and x.dim() == 4:
         angles = angles.unsqueeze(1)
     return angles

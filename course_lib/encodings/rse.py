@@ -265,6 +265,7 @@ register(
         kernel_bias=rse_kernel_bias,
         kernel_hooks=tuple(h for h in (LINEAR_DISTANCE, OFFSET_LINEAR_DISTANCE) if h is not None),
         relative=True,
+        distance_only=True,
         learnable=True,
     )
 )

@@ -15,12 +15,22 @@ decays exponentially with the distance, fastest for the fast-turning pairs (smal
 (1 + gamma), 1)``. A key *after* the query would be amplified instead, so xPos is causal only,
 as in the paper's language models.
 
-On the kernels this is RoPE's cos/sin tables with the scale folded in, ``zeta^(n/s)`` in the
-query tables and ``zeta^(-m/s)`` in the key tables (``QKTables.key_cos``/``key_sin``): the q/k
-transform of both kernel families, no kernel code of its own. The scales are taken at the
-positions as given (``zeta^(n/s)`` underflows and ``zeta^(-m/s)`` overflows float32 once ``n /
-s`` passes about 70, i.e. ``n`` past about 35,000 with ``s = 512``; the paper's code centres the
-positions of each call for that reason, which a key/value cache would have to share).
+Positions are measured from the middle of each sequence's positions, ``c = (min p + max p) // 2``
+(per sequence of the batch, from the key positions, which the queries share): the scales are
+``zeta^((n - c)/s)`` and ``zeta^(-(m - c)/s)``, and the rotation turns by ``(p - c) w_t``. Their
+product is unchanged (the score depends on ``n - m`` only), while the scales stay within float32:
+taken at the positions as given, ``zeta^(n/s)`` would underflow and ``zeta^(-m/s)`` overflow once
+``n / s`` passes about 70 (``n`` past about 35,000 with ``s = 512``), and every score would be
+NaN. Centred, a sequence may span about 71,000 positions (``2 s * 87 / |log zeta_0|``, 87 being
+float32's range in powers of ``e``); a wider one is refused with that limit. A key/value cache
+keeps its keys' positions, so a decoding step centres on all of them, queries included, and a
+long generation at position 40,000 computes exactly what the same text at position 0 does.
+:func:`apply_xpos` alone takes the positions as given unless told the ``centre``.
+
+On the kernels this is RoPE's cos/sin tables with the scale folded in, ``zeta^((n - c)/s)`` in
+the query tables and ``zeta^(-(m - c)/s)`` in the key tables (``QKTables.key_cos``/``key_sin``),
+built from the same centred positions as the reference: the q/k transform of both kernel
+families, no kernel code of its own.
 """
 
 from __future__ import annotations
@@ -29,9 +39,11 @@ import math
 
 import torch
 
+from course_lib.checks import check_integer_tensor, has_values
 from course_lib.encodings.rope import (
     RoPEAttention,
     check_rope_params,
+    check_rotation_positions,
     compute_dtype,
     rope_angles,
     rotate_pairs,
@@ -39,10 +51,20 @@ from course_lib.encodings.rope import (
 from course_lib.kernel_hooks import QKTables
 from course_lib.registry import Encoding, register
 
-__all__ = ["XPOS_GAMMA", "XPOS_SCALE_BASE", "XPosAttention", "apply_xpos", "xpos_decay"]
+__all__ = [
+    "XPOS_GAMMA",
+    "XPOS_SCALE_BASE",
+    "XPosAttention",
+    "apply_xpos",
+    "xpos_centre",
+    "xpos_decay",
+    "xpos_reach",
+]
 
 XPOS_GAMMA = 0.4  # the paper's gamma
 XPOS_SCALE_BASE = 512.0  # the paper's s
+# zeta^e and zeta^-e both stay normal float32 numbers while |e log zeta| <= 87.3
+_FLOAT32_LOG_RANGE = -math.log(torch.finfo(torch.float32).tiny)
 
 
 def xpos_decay(head_dim: int, gamma: float = XPOS_GAMMA) -> torch.Tensor:
@@ -54,6 +76,43 @@ def xpos_decay(head_dim: int, gamma: float = XPOS_GAMMA) -> torch.Tensor:
     return ((t / (head_dim // 2) + gamma) / (1 + gamma)).to(torch.float32)
 
 
+def xpos_centre(positions: torch.Tensor) -> torch.Tensor:
+    """The middle of each sequence's positions, ``(min + max) // 2``: integer ``[..., seq]`` ->
+    int64 ``[..., 1]`` (0 for an empty sequence). Queries and keys measured from it keep their
+    offsets ``n - m``, and the scales stay near 1."""
+    check_integer_tensor(positions, "position_ids")
+    positions = positions.to(torch.int64)
+    if positions.shape[-1] == 0:
+        return positions.new_zeros((*positions.shape[:-1], 1))
+    low = positions.amin(dim=-1, keepdim=True)
+    return low + (positions.amax(dim=-1, keepdim=True) - low) // 2
+
+
+def xpos_reach(
+    head_dim: int, gamma: float = XPOS_GAMMA, scale_base: float = XPOS_SCALE_BASE
+) -> int:
+    """How far from its centre a position may lie: the largest ``|p - c|`` for which every
+    scale ``zeta_t^(+-(p - c)/s)`` is a normal float32 number (35,694 for the paper's gamma
+    and ``s``; a sequence may span twice that)."""
+    steepest = -math.log(float(xpos_decay(head_dim, gamma)[0]))  # |log zeta_0|, the largest
+    return int(_FLOAT32_LOG_RANGE * scale_base / steepest)
+
+
+def _check_reach(offsets: torch.Tensor, head_dim: int, gamma, scale_base, way_out) -> None:
+    """Refuse offsets ``p - c`` whose scales would overflow or underflow float32 (``way_out()``
+    says what to do)."""
+    if offsets.numel() == 0 or not has_values(offsets):
+        return
+    reach, limit = int(offsets.abs().max()), xpos_reach(head_dim, gamma, scale_base)
+    if reach > limit:
+        raise ValueError(
+            f"xPos scales pair t by zeta_t^(+-(p - c)/s), c the centre positions are measured "
+            f"from; here a position lies {reach} from it, and past {limit} (scale_base="
+            f"{scale_base:g}, gamma={gamma:g}) the scales overflow float32 and every score "
+            f"would be NaN: {way_out()}"
+        )
+
+
 def xpos_scale(
     position_ids: torch.Tensor,
     head_dim: int,
@@ -63,13 +122,37 @@ def xpos_scale(
     scale_base: float = XPOS_SCALE_BASE,
 ) -> torch.Tensor:
     """The scale of each pair: ``zeta_t^(p / s)`` for queries, ``zeta_t^(-p / s)`` for keys;
-    ``[...]`` (integer positions) -> ``[..., D/2]`` float32 (computed in float64)."""
+    ``[...]`` (integer positions, already centred) -> ``[..., D/2]`` float32 (computed in
+    float64)."""
     if side not in ("query", "key"):
         raise ValueError(f"side must be 'query' or 'key', got {side!r}")
     sign = 1.0 if side == "query" else -1.0
     log_zeta = torch.log(xpos_decay(head_dim, gamma).double()).to(position_ids.device)
     exponent = sign * position_ids.double().unsqueeze(-1) / scale_base
     return torch.exp(exponent * log_zeta).to(torch.float32)
+
+
+def _centred(position_ids: torch.Tensor, centre) -> torch.Tensor:
+    """``position_ids - centre`` in int64 (``centre``: None for 0, an int, or an integer tensor
+    broadcastable against the positions, e.g. ``[batch, 1]``)."""
+    positions = position_ids.to(torch.int64)
+    if centre is None:
+        return positions
+    if isinstance(centre, torch.Tensor):
+        check_integer_tensor(centre, "centre")
+        if centre.device != positions.device:
+            raise ValueError(f"centre is on {centre.device} but position_ids on {positions.device}")
+        try:
+            torch.broadcast_shapes(centre.shape, positions.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"centre of shape {tuple(centre.shape)} must broadcast against position_ids of "
+                f"shape {tuple(positions.shape)} (e.g. [batch, 1]: one centre per sequence)"
+            ) from None
+        return positions - centre.to(torch.int64)
+    if isinstance(centre, bool) or not isinstance(centre, int):
+        raise TypeError(f"centre must be None, an int or an integer tensor, got {centre!r}")
+    return positions - centre
 
 
 def apply_xpos(
@@ -81,14 +164,29 @@ def apply_xpos(
     style: str = "interleaved",
     gamma: float = XPOS_GAMMA,
     scale_base: float = XPOS_SCALE_BASE,
+    centre: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """xPos of ``x`` ``[..., seq, head_dim]`` (queries: ``side="query"``; keys: ``"key"``):
-    RoPE's rotation of each pair, times ``zeta_t^(+-p / s)``. ``position_ids`` ``[seq]`` or
-    ``[batch, seq]`` (with a 4-D ``x``). Computed in float32 (float64 for float64 inputs)."""
+    RoPE's rotation of each pair by ``p - centre``, times ``zeta_t^(+-(p - centre) / s)``.
+    ``position_ids`` ``[seq]`` or ``[batch, seq]`` (with a 4-D ``x``). ``centre``: None (the
+    positions as given), an int, or an integer tensor broadcastable against ``position_ids``
+    (e.g. ``[batch, 1]``); give queries and keys the same one, e.g. :func:`xpos_centre` of the
+    key positions, as ``attention()`` does. Computed in float32 (float64 for float64 inputs).
+    Positions further than :func:`xpos_reach` from the centre are refused (their scales would
+    overflow float32)."""
+    check_integer_tensor(position_ids, "position_ids")
+    check_rotation_positions(x, position_ids)
     head_dim = x.shape[-1]
-    angles = rope_angles(position_ids, head_dim, base)
-    scale = xpos_scale(position_ids, head_dim, side=side, gamma=gamma, scale_base=scale_base)
-    if position_ids.dim() == 2 and x.dim() == 4:
+    offsets = _centred(position_ids, centre)
+    check_rotation_positions(x, offsets)  # a centre per sequence may add a batch axis
+    _check_reach(
+        offsets, head_dim, gamma, scale_base,
+        lambda: "pass centre= the middle of the positions queries and keys share (xpos_centre "
+        "of the key positions), or use a larger scale_base",
+    )  # fmt: skip
+    angles = rope_angles(offsets, head_dim, base)
+    scale = xpos_scale(offsets, head_dim, side=side, gamma=gamma, scale_base=scale_base)
+    if offsets.dim() == 2 and x.dim() == 4:
         angles, scale = angles.unsqueeze(1), scale.unsqueeze(1)
     dt = compute_dtype(x)
     cos, sin = (angles.cos() * scale).to(dt), (angles.sin() * scale).to(dt)
@@ -97,36 +195,36 @@ def apply_xpos(
 
 # -- hooks of the registry record ----------------------------------------------------------------
 def xpos_query_transform(x: torch.Tensor, positions: torch.Tensor, params: dict) -> torch.Tensor:
-    """RoPE rotation by p, each pair scaled by zeta_t^(p/512) (keys: zeta_t^(-p/512))"""
+    """RoPE rotation by p - c, each pair scaled by zeta_t^((p - c)/512) (keys: zeta_t^(-(p -
+    c)/512)), c the middle of the sequence's key positions"""
     return apply_xpos(
         x, positions, side="query", base=params["base"], style=params["style"],
-        gamma=params["gamma"], scale_base=params["scale_base"],
+        gamma=params["gamma"], scale_base=params["scale_base"], centre=params.get("centre"),
     )  # fmt: skip
 
 
 def xpos_key_transform(x: torch.Tensor, positions: torch.Tensor, params: dict) -> torch.Tensor:
-    """RoPE rotation by p, each pair scaled by zeta_t^(-p/512)"""
+    """RoPE rotation by p - c, each pair scaled by zeta_t^(-(p - c)/512)"""
     return apply_xpos(
         x, positions, side="key", base=params["base"], style=params["style"],
-        gamma=params["gamma"], scale_base=params["scale_base"],
+        gamma=params["gamma"], scale_base=params["scale_base"], centre=params.get("centre"),
     )  # fmt: skip
 
 
 def xpos_kernel_tables(positions: torch.Tensor, head_dim: int, params: dict) -> QKTables:
-    """RoPE's cos/sin tables times ``zeta^((p - c)/s)`` for the queries and ``zeta^(-(p - c)/s)``
-    for the keys (the same angles; float32 ``[1|batch, seq, D/2]``). ``c`` is the middle of each
-    sequence's positions: queries and keys share them on the kernels (seq_q == seq_k), so the
-    score's factor ``zeta^((n - m)/s)`` is unchanged, while the scaled keys stay within fp16's
-    range (at ``p = 5000`` uncentred, ``zeta^(-p/s)`` reaches about 2e5 > 65504)."""
-    angles = rope_angles(positions, head_dim, params["base"])
+    """RoPE's cos/sin tables at ``p - c`` times ``zeta^((p - c)/s)`` for the queries and
+    ``zeta^(-(p - c)/s)`` for the keys (float32 ``[1|batch, seq, D/2]``), ``c`` the middle of
+    each sequence's positions (:func:`xpos_centre`): the numbers the reference multiplies by.
+    The score's factor ``zeta^((n - m)/s)`` is unchanged, while the scaled keys stay within
+    fp16's range (at ``p = 5000`` uncentred, ``zeta^(-p/s)`` reaches about 2e5 > 65504)."""
+    centre = params.get("centre")
+    offsets = _centred(positions, xpos_centre(positions) if centre is None else centre)
+    angles = rope_angles(offsets, head_dim, params["base"])
     cos, sin = angles.cos(), angles.sin()
-    positions = positions.to(torch.int64)
-    centre = (positions.amin(dim=-1, keepdim=True) + positions.amax(dim=-1, keepdim=True)) // 2
     scales = {
         side: xpos_scale(
-            positions - centre, head_dim, side=side, gamma=params["gamma"],
-            scale_base=params["scale_base"],
-        )  # fmt: skip
+            offsets, head_dim, side=side, gamma=params["gamma"], scale_base=params["scale_base"]
+        )
         for side in ("query", "key")
     }
     return QKTables(
@@ -135,22 +233,33 @@ def xpos_kernel_tables(positions: torch.Tensor, head_dim: int, params: dict) -> 
     )  # fmt: skip
 
 
-def check_xpos_params(params: dict, **call) -> None:
+def check_xpos_params(params: dict, *, positions=None, **call) -> None:
     """RoPE's checks (``base``, ``style``, an even head_dim); ``gamma`` > 0 and ``scale_base``
-    > 0, finite numbers."""
-    check_rope_params(params, **call)
+    > 0, finite numbers. Given the call's key positions, it adds ``params["centre"]``, the middle
+    of each sequence's positions ``[1|batch, 1]`` that queries and keys are measured from, and
+    refuses a sequence spanning more than float32's scales hold (:func:`xpos_reach`)."""
+    check_rope_params(params, positions=positions, **call)
     for name in ("gamma", "scale_base"):
         value = params[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"xPos {name} must be a number, got {value!r}")
         if not math.isfinite(value) or value <= 0:
             raise ValueError(f"xPos {name} must be a finite number > 0, got {value!r}")
+    if positions is not None:
+        params["centre"] = xpos_centre(positions)
+        _check_reach(
+            positions.to(torch.int64) - params["centre"], call["head_dim"], params["gamma"],
+            params["scale_base"],
+            lambda: f"position_ids from {int(positions.min())} to {int(positions.max())} span "
+            "too much for one sequence; use shorter sequences (or windows), or a larger "
+            "scale_base",
+        )  # fmt: skip
 
 
 class XPosAttention(RoPEAttention):
     """xPos: RoPE whose query pairs are scaled by ``zeta^(n/s)`` and key pairs by
-    ``zeta^(-m/s)`` (no parameters; causal only). ``gamma`` and ``scale_base`` are the paper's
-    0.4 and 512 unless given."""
+    ``zeta^(-m/s)``, positions measured from the middle of each sequence's (no parameters;
+    causal only). ``gamma`` and ``scale_base`` are the paper's 0.4 and 512 unless given."""
 
     encoding = "xpos"
 

@@ -9,8 +9,10 @@ On a CUDA GPU, in one run (planned for under 15 minutes on an H100):
    the GPU has bf16 tensor cores), causal and bidirectional, at a ragged length;
 2. **speed** (:mod:`.speed`): the kernels against what a user would pick instead, PyTorch's
    SDPA, the encoding's PyTorch transform followed by SDPA, or FlexAttention with the
-   encoding's own bias as a ``score_mod`` (a bias that depends on the distance only), forward
-   and forward + backward at several lengths, with peak memory;
+   encoding's own bias as a ``score_mod`` (a bias that depends on the distance only; compiled
+   once, with a causal ``BlockMask``), forward and forward + backward at several lengths, with
+   peak memory; FlexAttention with no ``score_mod`` is timed against SDPA too, and below half
+   SDPA's speed every comparison with FlexAttention is reported as unreliable;
 3. **notebooks** (:mod:`.notebooks`): the notebooks that time the kernels, under nbval;
 4. **training** (:mod:`.training`): a short run of the ``gpu`` preset's comparison (one seed,
    a few hundred steps: a smoke run, not a comparison).

@@ -112,9 +112,7 @@ def make_plan(device: Device, args: argparse.Namespace) -> Plan:
 
         unknown = sorted(set(args.methods) - set(methods()))
         if unknown:
-            raise SystemExit(
-                f"gpu_check: unknown method(s) {unknown}; known: {sorted(methods())}"
-            )
+            raise SystemExit(f"gpu_check: unknown method(s) {unknown}; known: {sorted(methods())}")
         wanted = set(args.methods)
         plan.correctness = [c for c in plan.correctness if c.method in wanted]
         plan.speed = [c for c in plan.speed if c.method in wanted]

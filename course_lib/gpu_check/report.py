@@ -5,13 +5,18 @@
 ``<device>.png`` draws the speed against SDPA per head_dim and the worst error of each method
 against its tolerance. The verdicts: the check passes when every kernel case agrees with the
 reference (or the method states it has no kernel), every notebook passes and every short run
-trains. Timings are reported, never judged.
+trains. Timings are reported, never judged, with one exception: comparisons with FlexAttention
+are printed only where the run's FlexAttention without a ``score_mod`` kept at least
+:data:`.speed.SANITY_MIN` x SDPA's speed (:func:`.speed.flex_sanity`); otherwise, and for a
+report without that row, they are marked unreliable.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from course_lib.gpu_check.speed import FLEX_SANITY, flex_sanity, is_flex
 
 __all__ = ["format_summary", "summarise", "write_figure", "write_report"]
 
@@ -36,27 +41,47 @@ def summarise(report: dict) -> dict:
     records = report.get("speed")
     if records is not None:
         longest = max((r["seq"] for r in records), default=None)
-        headline = [
-            dict(
+        sanity = flex_sanity(records)
+        headline = []
+        for r in records:
+            if r["seq"] != longest or r["pass_"] != "fwd+bwd" or r["contender"] != "kernel":
+                continue
+            alternative = _alternative_name(records, r)
+            row = dict(
                 method=r["method"],
                 head_dim=r["head_dim"],
                 seq=r["seq"],
                 ms=r["ms"],
                 vs_sdpa=r.get("vs_sdpa"),
                 vs_alternative=r.get("vs_alternative"),
-                alternative=_alternative_name(records, r),
+                alternative=alternative,
                 peak_mib=r["peak_mib"],
             )
-            for r in records
-            if r["seq"] == longest and r["pass_"] == "fwd+bwd" and r["contender"] == "kernel"
-        ]
+            compared = (r.get("vs_alternative"), r.get("vs_alternative_unreliable")) != (None, None)
+            if is_flex(alternative) and compared:  # a report without the sanity row is judged too
+                row["alternative_reliable"] = sanity["reliable"]
+                if not sanity["reliable"]:
+                    row["vs_alternative"] = None
+            headline.append(row)
         failed = [
             f"{r['method']} {r['contender']} D{r['head_dim']} N{r['seq']} {r['pass_']}: "
             f"{r['status']}"
             for r in records
             if r["status"] in ("OOM",) or r["status"].startswith("error")
         ]
-        out["speed"] = dict(longest=longest, headline=headline, not_timed=failed)
+        backends = sorted({r["sdpa_backend"] for r in records if r.get("sdpa_backend")})
+        out["speed"] = dict(
+            longest=longest,
+            headline=headline,
+            not_timed=failed,
+            flex_sanity=dict(
+                reliable=sanity["reliable"],
+                reason=sanity["reason"],
+                threshold=sanity["threshold"],
+                worst=sanity["worst"],
+            ),
+            sdpa_backend=", ".join(backends) if backends else "not recorded",
+        )
     notebooks = report.get("notebooks")
     if notebooks is not None:
         out["notebooks"] = dict(
@@ -86,7 +111,7 @@ def _worst_name(row: dict) -> str:
 def _alternative_name(records: list[dict], kernel: dict) -> str | None:
     for r in records:
         same = all(r[k] == kernel[k] for k in ("method", "head_dim", "seq", "pass_", "causal"))
-        if same and r["contender"] != "kernel":
+        if same and r["contender"] not in ("kernel", FLEX_SANITY):
             return r["contender"]
     return "SDPA" if kernel["method"] == "softmax" else None
 
@@ -103,10 +128,17 @@ def format_summary(report: dict) -> list[str]:
         lines += [f"  FAIL {f}" for f in c["failing"]]
     if "speed" in s:
         sp = s["speed"]
+        sanity = sp.get("flex_sanity")
+        if sanity is not None:
+            verdict = "comparisons reliable" if sanity["reliable"] else "UNRELIABLE"
+            lines.append(f"FlexAttention sanity: {verdict}: {sanity['reason']}")
+        lines.append(f"SDPA backend: {sp.get('sdpa_backend', 'not recorded')}")
         lines.append(f"speed at seq {sp['longest']}, fwd+bwd (x = other's time / kernel's):")
         for h in sp["headline"]:
             vs = "" if h["vs_sdpa"] is None else f"  {h['vs_sdpa']:.2f}x vs SDPA"
-            if h["vs_alternative"] is not None and h["alternative"] != "SDPA":
+            if h.get("alternative_reliable") is False:
+                vs += f", vs {h['alternative']}: unreliable (FlexAttention sanity)"
+            elif h["vs_alternative"] is not None and h["alternative"] != "SDPA":
                 vs += f", {h['vs_alternative']:.2f}x vs {h['alternative']}"
             ms = "-" if h["ms"] is None else f"{h['ms']:.2f} ms"
             lines.append(f"  D{h['head_dim']:<3} {h['method']:16} {ms}{vs}")

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from course_lib.gpu_static import goals, model, targets
+from course_lib.gpu_static import calibrate, goals, model, targets
 from course_lib.readme_sections import README, replace_section
 
 __all__ = ["SECTION", "render", "write_readme"]
@@ -78,6 +78,8 @@ def _targets_table(rep: dict) -> list[str]:
 
 
 def _ratio_table(rep: dict) -> list[str]:
+    rep = dict(rep, model=[dict(e) for e in rep["model"]])
+    calibrate.apply(rep, calibrate.committed_params())
     rows = [e for e in rep["model"] if e["causal"] and e["dtype"] == "bf16" and "error" not in e]
     users = rep["meta"].get("hook_users")
     keys = list(dict.fromkeys((e["family"], e["features"]) for e in rows))
@@ -92,6 +94,8 @@ def _ratio_table(rep: dict) -> list[str]:
                 r for r in rows if (r["family"], r["features"], r["head_dim"]) == (fam, feat, d)
             ]
             cell = f"{e['plain_x_no']:.2f} / {e['plain_x']:.2f}"
+            if "plain_x_cal" in e:
+                cell += f" / **{e['plain_x_cal']:.2f}**"
             if fam == "stick":
                 cell += f" (paper's kernel: {e['sb_total_x']:.2f})"
             cells.append(cell)
@@ -104,12 +108,33 @@ def _ratio_table(rep: dict) -> list[str]:
     return lines
 
 
-def _goal_lines(rep: dict) -> list[str]:
-    verdicts = goals.judge(rep)
+def _calibration_note() -> str:
+    cal = calibrate._load(calibrate.CALIBRATION)
+    loo, src = cal["leave_one_method_out"], cal["sources"]
+    verdict = "meets" if loo["targets_met"] else "misses"
+    return (
+        f"The calibrated model (`figures/gpu_static_calibration.json`, `python -m "
+        f"course_lib.gpu_static.calibrate`) is fitted to the times an {src['device']} measured "
+        f"for the kernels at commit {src['measured_commit'][:7]} ({cal['model']}; w = "
+        f"{cal['params']['w']:.3g}, s = {cal['params']['s']:.3g}). Leaving each method out of the "
+        f"fit in turn, its predictions of that method's ratios are off by a median factor of "
+        f"{loo['median_factor']:.2f} and at worst {loo['worst_factor']:.2f} (it {verdict} the "
+        f"targets of {loo['targets']['median_factor_below']} and "
+        f"{loo['targets']['worst_factor_at_most']}): an estimate, labelled as one."
+    )
+
+
+def _goal_lines(rep: dict, calibrated: bool = False) -> list[str]:
+    if calibrated:
+        verdicts = goals.judge(rep, calibrated=calibrate.committed_params())
+        basis = (f"on the calibrated model at {calibrate.GOAL_SEQ} tokens (the tutorial and the "
+                 "paper's kernel: as below, uncalibrated)")  # fmt: skip
+    else:
+        verdicts = goals.judge(rep)
+        basis = "on the no-overlap bound (the paper's kernel: overlap bound, the only one it has)"
     met = [v for v in verdicts if v["met"]]
     missed = [v for v in verdicts if not v["met"]]
-    out = [f"Speed goals, forward + backward, causal, bf16, sm_90, judged on the no-overlap bound "
-           f"(the paper's kernel: overlap bound, the only one it has): {len(met)} of "
+    out = [f"Speed goals, forward + backward, causal, bf16, sm_90, judged {basis}: {len(met)} of "
            f"{len(verdicts)} met."]  # fmt: skip
     for title, group in (("met", met), ("missed", missed)):
         if not group:
@@ -122,6 +147,8 @@ def _goal_lines(rep: dict) -> list[str]:
             value, short = _ratio(v["value"], v["floor"], v["met"])
             text = f"  * {v['goal']}, head_dim {v['head_dim']}: {value} (goal {v['floor']:.2f}"
             out.append(text + (")" if v["met"] else f", short by {short})"))
+    if calibrated:
+        return out
     spills = goals.loop_spills(rep)
     if spills:
         worst = max(spills, key=lambda s: s["local"])
@@ -181,20 +208,33 @@ def render(rep: dict) -> str:
         "",
     ]
     for r in rep.get("refusals", []):
-        out.append(f"On sm_{r['arch']} the wrappers refuse bf16: \"{r['message']}\"")
+        out.append(f'On sm_{r["arch"]} the wrappers refuse bf16: "{r["message"]}"')
     for note in rep.get("notes", []):
         out.append(f"Note, {note}.")
     if rep.get("refusals") or rep.get("notes"):
         out.append("")
+    passes = any("passes" in e for e in rep["model"])
     out += [
         "The static model (sm_90 machine code of every tile loop, instructions against nominal "
-        "H100 throughputs, in-loop spill traffic charged; ratios, not speeds): the course's "
+        "H100 throughputs, in-loop spill traffic charged"
+        + (
+            "; per-token passes, such as the q/k transform before the loops and the backward's "
+            "delta, charged as the DRAM bytes they move"
+            if passes
+            else ""
+        )
+        + "; ratios, not speeds): the course's "
         "plain flash attention's cycles per (query, key) pair over each kernel's, "
-        "**no-overlap bound / overlap bound** (1.00: as fast as plain flash by this model; "
-        "higher is faster). Tensor cores and the other units take turns under the first, "
-        "overlap perfectly under the second; a GPU lands between them.",
+        "**no-overlap bound / overlap bound / calibrated** (1.00: as fast as plain flash by this "
+        "model; higher is faster). Tensor cores and the other units take turns under the first, "
+        f"overlap perfectly under the second; the third is calibrated, at "
+        f"{calibrate.GOAL_SEQ} tokens.",
+        "",
+        _calibration_note(),
         "",
         *_ratio_table(rep),
+        "",
+        *_goal_lines(rep, calibrated=True),
         "",
         *_goal_lines(rep),
         "",

@@ -72,7 +72,7 @@ def kernel_package():
         pkg = importlib.util.module_from_spec(spec)
         sys.modules[_PACKAGE] = pkg
         spec.loader.exec_module(pkg)
-        for name in ("common", "score_bias", "flash", "stick_breaking"):
+        for name in ("common", "score_bias", "qk_transform", "flash", "stick_breaking"):
             importlib.import_module(f"{_PACKAGE}.{name}")
     finally:
         if saved is not None:
@@ -353,14 +353,16 @@ def _plan(v: Variant) -> tuple[list, int]:
             out, lse = m.flash_attention_forward(q, k, val, positions, mask, **options)
             n_forward = len(launches)
             m.flash_attention_backward(
-                grad_out, q, k, val, out, lse, positions, mask, bias_grad=f.grad, **options
-            )
+                grad_out, q, k, val, out, lse, positions, mask, bias_grad=f.grad, encoded=True,
+                **options,
+            )  # fmt: skip
         elif v.family == "stick":
             out, mass = m.stick_breaking_forward(q, k, val, positions, mask, **options)
             n_forward = len(launches)
             m.stick_breaking_backward(
-                grad_out, q, k, val, mass, positions, mask, bias_grad=f.grad, **options
-            )
+                grad_out, q, k, val, mass, positions, mask, bias_grad=f.grad, encoded=True,
+                **options,
+            )  # fmt: skip
         else:
             raise ValueError(f"unknown family {v.family!r}")
     return list(launches), n_forward

@@ -18,12 +18,16 @@ def online_softmax_step(state: State, scores: torch.Tensor, values: torch.Tensor
     ``scores`` ``[..., block]`` are the new keys' scores, ``values`` ``[..., block, d]`` their
     values. ``m' = max(m, max_j s_j)``; the old sums are rescaled by ``alpha = exp(m - m')``:
     ``l' = alpha l + sum_j exp(s_j - m')`` and ``acc' = alpha acc + sum_j exp(s_j - m') v_j``.
-    Starting from ``m = -inf`` (then ``alpha = 0``) works.
+    Starting from ``m = -inf`` (then ``alpha = 0``) works. A row with no allowed key so far
+    (every score ``-inf``, so ``m' = -inf``) would give ``exp(-inf + inf) = NaN``: there the
+    shift is 0 instead, so ``alpha`` and every ``p`` are ``exp(-inf) = 0`` and the row keeps the
+    state over no keys, ``(-inf, 0, 0)``. Any number of leading dimensions.
     """
     m, l_sum, acc = state
     m_new = torch.maximum(m, scores.amax(dim=-1))
-    alpha = torch.exp(m - m_new)
-    p = torch.exp(scores - m_new.unsqueeze(-1))
+    shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    alpha = torch.exp(m - shift)
+    p = torch.exp(scores - shift.unsqueeze(-1))
     return m_new, alpha * l_sum + p.sum(dim=-1), alpha.unsqueeze(-1) * acc + p @ values
 
 
