@@ -103,7 +103,8 @@ def test_agree_passes_prints_one_line_and_compares_gradients(monkeypatch, capsys
     run, wrt = _linear_run(0.0)
     assert kernel_swap.agree("toy", run, wrt=wrt) is None
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["toy: kernel == reference (output and gradients of x, w; atol 1e-04)"]
+    line = "toy: kernel == reference (output and gradients of x, w; atol 1e-04, rtol 1e-04)"
+    assert out == [line]
 
 
 def test_agree_raises_on_a_wrong_output(monkeypatch):

@@ -101,7 +101,7 @@ def agree(
             f"(atol {atol:.0e}, rtol {rtol:.0e})"
         )
     what = "output" if not ref_grads else f"output and gradients of {', '.join(ref_grads)}"
-    print(f"{label}: kernel == reference ({what}; atol {atol:.0e})")
+    print(f"{label}: kernel == reference ({what}; atol {atol:.0e}, rtol {rtol:.0e})")
 
 
 def timings_available() -> bool:

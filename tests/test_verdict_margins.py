@@ -1,0 +1,161 @@
+"""The margin script (course_lib.teaching.verdict_margins) and the margins notebook 05 keeps."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from course_lib.teaching import rse_window, stick_checks
+from course_lib.teaching import verdict_margins as vm
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "figures" / "05_verdict_margins.json"
+
+
+def _setting(values, capability="DEFAULT", threads=1):
+    return {"capability": capability, "threads": threads, "values": values}
+
+
+def test_spreads_are_per_seed_differences_over_the_settings():
+    settings = [
+        _setting({"0": {"x": 1.0, "lam": 1e-3}, "1": {"x": 5.0, "lam": 1.0}}),
+        _setting({"0": {"x": 1.5, "lam": 1e-2}, "1": {"x": 5.1, "lam": 2.0}}, "AVX2"),
+        _setting({"1": {"lam": 4.0}}, "AVX512"),  # a partial setting counts where it has values
+    ]
+    out = vm.spreads(settings)
+    assert out["x"]["spread_per_seed"] == pytest.approx({"0": 0.5, "1": 0.1})
+    assert out["x"]["spread"] == pytest.approx(0.5)
+    assert (out["x"]["min"], out["x"]["max"]) == (1.0, 5.1)
+    assert out["lam"]["log10_spread_per_seed"] == pytest.approx({"0": 1.0, "1": math.log10(4)})
+    assert out["lam"]["log10_spread"] == pytest.approx(1.0)
+
+
+def test_no_log_spread_for_a_quantity_that_reaches_zero():
+    out = vm.spreads([_setting({"0": {"x": 0.0}}), _setting({"0": {"x": 1.0}})])
+    assert "log10_spread" not in out["x"] and out["x"]["spread"] == 1.0
+
+
+def test_margin_is_the_nearest_value_in_spreads():
+    assert vm.margin_in_spreads([0.5, 0.95], 0.9, spread=0.01, log=False) == pytest.approx(5.0)
+    assert vm.margin_in_spreads([1e-5, 1e-4], 1e-3, spread=0.5, log=True) == pytest.approx(2.0)
+    assert vm.margin_in_spreads([1.0], 2.0, spread=0.0, log=False) == math.inf
+
+
+def test_load_function_names_module_and_function():
+    assert vm.load_function("math:sqrt") is math.sqrt
+    with pytest.raises(ValueError, match="MODULE:FUNCTION"):
+        vm.load_function("math.sqrt")
+
+
+def test_the_script_runs_each_setting_in_a_process_of_its_own(tmp_path):
+    (tmp_path / "toy_quantity.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def quantity(seed):
+                torch.manual_seed(seed)
+                return {"mean": float(torch.rand(1000).mean()),
+                        "threads": torch.get_num_threads()}
+            """
+        )
+    )
+    out = tmp_path / "margins.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    command = [sys.executable, "-m", "course_lib.teaching.verdict_margins", "toy_quantity:quantity"]
+    options = ["--out", str(out), "--seeds", "0", "1", "--capabilities", "default"]
+    subprocess.run([*command, *options, "--threads", "1"], env=env, check=True, cwd=REPO)
+    report = json.loads(out.read_text())
+    (setting,) = report["settings"]
+    assert setting["capability"] == "DEFAULT" and setting["requested"] == "default"
+    assert setting["values"]["1"]["threads"] == 1
+    assert report["spreads"]["mean"]["spread"] == 0.0
+    # --append adds a thread count and skips what the file already holds
+    again = [*command, *options, "--threads", "1", "2", "--append"]
+    subprocess.run(again, env=env, check=True, cwd=REPO)
+    report = json.loads(out.read_text())
+    assert [s["threads"] for s in report["settings"]] == [1, 2]
+    assert report["settings"][1]["values"]["0"]["threads"] == 2
+
+
+# -- notebook 05: the committed measurement and the notebook's thresholds --------------------------
+
+
+def _committed() -> dict:
+    return json.loads(COMMITTED.read_text())
+
+
+def test_the_committed_measurement_covers_the_seeds_kernels_and_threads():
+    report = _committed()
+    assert report["function"] == "course_lib.teaching.rse_window:window_lambdas"
+    assert tuple(report["seeds"]) == rse_window.SEEDS and len(rse_window.SEEDS) >= 5
+    requested = {(s["requested"], s["threads"]) for s in report["settings"]}
+    not_run = {entry["requested"] for entry in report["not_run"]}
+    for capability in ("default", "avx2", "avx512"):
+        for threads in (1, 2):
+            assert (capability, threads) in requested or capability in not_run
+    for setting in report["settings"]:
+        assert set(setting["values"]) == {str(s) for s in rse_window.SEEDS}
+
+
+def test_the_committed_verdicts_are_the_notebooks_and_recompute():
+    report = _committed()
+    again = vm.verdict_margins(report["settings"], rse_window.VERDICTS, rse_window.SEEDS)
+    assert list(report["verdicts"]) == [v.label for v in rse_window.VERDICTS]
+    for label, entry in again.items():
+        assert report["verdicts"][label]["values"] == pytest.approx(entry["values"])
+        assert report["verdicts"][label]["threshold"] == entry["threshold"]
+
+
+@pytest.mark.parametrize("verdict", rse_window.VERDICTS, ids=lambda v: v.label[:30])
+def test_every_threshold_keeps_three_spreads_from_every_value_seen(verdict):
+    entry = vm.verdict_margins(_committed()["settings"], [verdict], rse_window.SEEDS)[verdict.label]
+    assert entry["holds_everywhere"], entry
+    assert entry["margin"] >= vm.MARGIN_FACTOR, entry
+
+
+@pytest.mark.parametrize(
+    ("name", "verdict_number"), [("accuracy", 0), ("lambda_1", 1)], ids=["accuracy", "lambda_1"]
+)
+def test_an_every_seed_verdict_also_keeps_three_per_seed_spreads(name, verdict_number):
+    """"In every seed" verdicts: each seed's own number, against the largest per-seed spread."""
+    verdict = rse_window.VERDICTS[verdict_number]
+    settings = _committed()["settings"]
+    entry = vm.spreads(settings)[name]
+    spread = entry["log10_spread"] if verdict.log else entry["spread"]
+    seen = [x for seed in map(str, rse_window.SEEDS) for x in vm.values_of(settings, name, seed)]
+    assert vm.margin_in_spreads(seen, verdict.threshold, spread, verdict.log) >= vm.MARGIN_FACTOR
+
+
+def test_the_other_cpus_values_bound_the_verdicts_on_the_right_side():
+    """Seeds 0-2 from an AVX-512 Xeon: the largest lambda over five seeds is at least the
+    largest over three, and the ratio of the largest to the smallest at least theirs."""
+    other = rse_window.OTHER_CPU["values"]
+    settings = _committed()["settings"]
+    for number in (2, 3):
+        verdict = rse_window.VERDICTS[number]
+        bound = verdict.reduce(other)
+        entry = vm.verdict_margins(settings, [verdict], rse_window.SEEDS)[verdict.label]
+        assert verdict.above and bound > verdict.threshold
+        if number == 2:  # the same number on three seeds: it joins the spread
+            spread = math.log10(max(entry["values"])) - math.log10(min(entry["values"] + [bound]))
+        else:  # a ratio over three seeds is not the five seeds' ratio: only its side is known
+            spread = entry["spread"]
+        margin = vm.margin_in_spreads([bound], verdict.threshold, spread, log=True)
+        assert margin >= vm.MARGIN_FACTOR, (verdict.label, bound, spread, margin)
+
+
+def test_the_stick_row_check_accepts_the_solutions_and_names_a_reversed_stick(capsys):
+    from course_lib.teaching.solutions import nb05
+
+    assert stick_checks.check_stick_row("loop", nb05.stick_loop)
+    assert stick_checks.check_stick_row("log", nb05.log_space_stick, extreme=True)
+    capsys.readouterr()
+    reversed_stick = lambda z: nb05.stick_loop(z.flip(0)).flip(0)  # noqa: E731
+    assert not stick_checks.check_stick_row("reversed", reversed_stick)
+    assert "you broke the stick from key 0" in capsys.readouterr().out
