@@ -123,7 +123,7 @@ def test_every_threshold_keeps_three_spreads_from_every_value_seen(verdict):
     ("name", "verdict_number"), [("accuracy", 0), ("lambda_1", 1)], ids=["accuracy", "lambda_1"]
 )
 def test_an_every_seed_verdict_also_keeps_three_per_seed_spreads(name, verdict_number):
-    """"In every seed" verdicts: each seed's own number, against the largest per-seed spread."""
+    """ "In every seed" verdicts: each seed's own number, against the largest per-seed spread."""
     verdict = rse_window.VERDICTS[verdict_number]
     settings = _committed()["settings"]
     entry = vm.spreads(settings)[name]
