@@ -53,6 +53,7 @@ TOY = Encoding(
     params={"slopes": REQUIRED},
     kernel_bias=lambda params, positions: ScoreBias(LINEAR_DISTANCE, params["slopes"]),
     relative=True,
+    distance_only=True,  # a score_bias of |p_i - p_j| alone (distance_bias would derive it)
 )
 
 
