@@ -98,7 +98,7 @@ def _failures(fn: Callable) -> list[str]:
             other = _variant(mistake)(query, key, params)[..., causal]
             if torch.allclose(ours, other, atol=1e-9, rtol=1e-9, equal_nan=True):
                 return [f"values: {advice}"]
-        worst = (ours - want[..., causal]).abs().nan_to_num(float("inf"))
+        worst = (ours - want[..., causal]).detach().abs().nan_to_num(float("inf"))
         return [f"values differ from the formula on the pairs j <= i (largest difference "
                 f"{float(worst.max()):.2g})"]  # fmt: skip
     # the gradient of L at a tie: a query exactly at i = L
