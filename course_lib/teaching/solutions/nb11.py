@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FIRE_FILE", "SANDWICH_FILE", "fire_bias", "fire_mlp", "sandwich_distance_bias"]
+__all__ = ["FIRE_FILE", "fire_bias", "fire_mlp", "sandwich_distance_bias"]
 
 
 def sandwich_distance_bias(distances: torch.Tensor, params: dict) -> torch.Tensor:
@@ -126,35 +126,3 @@ register(
 )
 '''
 """The whole encoding file of FIRE, as the learner writes it (for ``write_encoding``)."""
-
-
-SANDWICH_FILE = '''
-"""Sandwich (Chi et al., ACL 2023): b(m, n) = sum_{k=1}^{d'/2} cos((m - n) / 10000^(2k/d'))."""
-
-import torch
-
-from course_lib.layers import PositionalSelfAttention
-from course_lib.registry import Encoding, register
-
-
-def sandwich_distance_bias(distances, params):
-    """sum_k cos((m - n) / 10000^(2k/d')), the same for every head"""
-    dim = params["dim"]
-    k = torch.arange(1, dim // 2 + 1, dtype=torch.float64, device=distances.device)
-    angles = distances.to(torch.float64).unsqueeze(-1) * 10000.0 ** (-2.0 * k / dim)
-    return torch.cos(angles).sum(-1).unsqueeze(0).to(torch.get_default_dtype())
-
-
-class SandwichAttention(PositionalSelfAttention):
-    encoding = "sandwich"
-
-
-register(
-    Encoding(
-        name="sandwich", summary="the inner product of two sinusoidal codes, as a score bias",
-        module=SandwichAttention, color="#e377c2", distance_bias=sandwich_distance_bias,
-        params={"dim": 128}, relative=True,
-    )
-)
-'''
-"""Sandwich's whole encoding file (notebook 11's worked example)."""
