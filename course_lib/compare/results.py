@@ -12,7 +12,9 @@ runs that exist; :func:`summary_markdown` writes the report (``summary.md``) and
 from __future__ import annotations
 
 import json
+import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from course_lib.compare.arms import ABLATIONS, arm_names
@@ -21,14 +23,16 @@ from course_lib.compare.claims import (
     PLATEAU_MARGIN,
     Bound,
     Difference,
+    declared_claims,
     evaluation_se,
     judge,
     plateau_arms,
     spread_of_called,
+    uninformative_probes,
     untested_questions,
 )
 from course_lib.compare.files import check_result, read_json
-from course_lib.compare.stats import ALPHA, METRICS, MIN_EFFECT, by_arm, spread
+from course_lib.compare.stats import ALPHA, METRICS, MIN_EFFECT, by_arm, metric, spread
 from course_lib.model import OBJECTIVES
 from course_lib.readme_sections import replace_section
 
@@ -44,9 +48,11 @@ __all__ = [
     "headline_markdown",
     "load_results",
     "load_sessions",
+    "mean_sweep_loss",
     "run_name",
     "summary_markdown",
     "sweep_name",
+    "sweep_table",
     "update_readme_headline",
 ]
 
@@ -64,9 +70,29 @@ def run_name(objective: str, arm: str, seed: int = 0) -> str:
     return f"{objective}_{arm}_s{seed}"
 
 
-def sweep_name(objective: str, encoding: str, learning_rate: float) -> str:
-    """``<objective>_<encoding>_lr<rate>``: the stem of a sweep run's files."""
-    return f"{objective}_{encoding}_lr{learning_rate:g}"
+def sweep_name(objective: str, encoding: str, learning_rate: float, seed: int) -> str:
+    """``<objective>_<encoding>_lr<rate>_s<seed>``: the stem of a sweep run's files."""
+    return f"{objective}_{encoding}_lr{learning_rate:g}_s{seed}"
+
+
+def sweep_table(sweeps: list[dict]) -> dict[tuple[str, str], dict[float, dict[int, float]]]:
+    """``{(objective, encoding): {rate: {sweep seed: selection loss}}}`` of saved sweep runs."""
+    table: dict[tuple[str, str], dict[float, dict[int, float]]] = {}
+    for r in sweeps:
+        pair = (r["objective"], r["encoding"])
+        table.setdefault(pair, {}).setdefault(r["learning_rate"], {})[r["seed"]] = r["select"][
+            "loss"
+        ]
+    return table
+
+
+def mean_sweep_loss(losses: dict[int, float], seeds: Sequence[int]) -> float:
+    """The mean selection loss of one rate over ``seeds`` (``losses``: seed -> loss); infinite
+    when a run diverged (its loss is not finite), so that the rate is never chosen."""
+    values = [losses[seed] for seed in seeds]
+    if not all(math.isfinite(v) for v in values):
+        return math.inf
+    return sum(values) / len(values)
 
 
 def hardware_label(hardware: dict) -> str:
@@ -219,7 +245,8 @@ def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
                 else ", the sweep included"
             )
             + ": on an idle machine with two processes it would be about the CPU time over "
-            f"two ({total_cpu / 120:.0f} min)."
+            f"two ({total_cpu / 120:.0f} min, the learning-rate sweep's "
+            f"{(total_cpu - cpu) / 60:.1f} CPU-minutes included)."
         )
     return text
 
@@ -274,20 +301,27 @@ def _data_section(results: list[dict], verdicts: dict) -> list[str]:
 def _sweep_section(results: list[dict], sweeps: list[dict]) -> list[str]:
     if not sweeps:
         return []
-    table: dict[tuple[str, str], dict[float, float]] = {}
-    for s in sweeps:
-        table.setdefault((s["objective"], s["encoding"]), {})[s["learning_rate"]] = s["select"][
-            "loss"
-        ]
+    table = sweep_table(sweeps)
+    seeds = sorted({s["seed"] for s in sweeps})
     rates = sorted({rate for row in table.values() for rate in row})
     chosen = {(r["objective"], r["encoding"]): r["learning_rate"] for r in results}
+    several = len(seeds) > 1
     lines = [
         "## Learning rates",
         "",
-        f"Each encoding trained once per rate at seed {sweeps[0]['seed']} (a seed the report "
-        "does not score), scored on the selection split; the rate with the lowest loss (bold) "
-        "trains every seed of the encoding and of its ablations. A rate at the edge of its "
-        "objective's grid is marked: the best rate may lie beyond it.",
+        (
+            f"Each encoding trained once per rate and seed {', '.join(map(str, seeds))} (seeds "
+            "the report does not score), scored on the selection split; each cell is the mean "
+            "loss over those seeds (the seeds' own losses in brackets), and the rate with the "
+            "lowest mean (bold) trains every seed of the encoding and of its ablations: one "
+            "sweep seed's luck does not choose the rate alone."
+            if several
+            else f"Each encoding trained once per rate at seed {seeds[0]} (a seed the report "
+            "does not score), scored on the selection split; the rate with the lowest loss "
+            "(bold) trains every seed of the encoding and of its ablations."
+        )
+        + " A rate at the edge of its objective's grid is marked: the best rate may lie beyond "
+        "it.",
         "",
         "| objective | encoding | " + " | ".join(f"lr {_rate(x)}" for x in rates) + " | chosen |",
         "|---|---|" + "---|" * (len(rates) + 1),
@@ -299,9 +333,16 @@ def _sweep_section(results: list[dict], sweeps: list[dict]) -> list[str]:
         pick = chosen.get((objective, encoding))
         cells = []
         for rate in rates:
-            loss = row.get(rate)
-            text = "n/a" if loss is None else f"{loss:.3f}"
-            cells.append(f"**{text}**" if rate == pick else text)
+            losses = row.get(rate)
+            if not losses or any(seed not in losses for seed in seeds):
+                cells.append("n/a")
+                continue
+            mean = mean_sweep_loss(losses, seeds)
+            text = f"{mean:.3f}" if math.isfinite(mean) else "diverged"
+            text = f"**{text}**" if rate == pick else text
+            if several:
+                text += " (" + " / ".join(f"{losses[seed]:.3f}" for seed in seeds) + ")"
+            cells.append(text)
         edge = pick is not None and pick in (min(row), max(row))
         pick_text = "n/a" if pick is None else _rate(pick) + (" (edge)" if edge else "")
         lines.append(f"| {objective} | {encoding} | " + " | ".join(cells) + f" | {pick_text} |")
@@ -473,7 +514,9 @@ def _learned_section(results: list[dict]) -> list[str]:
                     f"{statistics.fmean(v):.3g} [{min(v):.3g}, {max(v):.3g}]" for v in per_head
                 )
                 reach = runs[0].get("reachable_values", {}).get(layer, {}).get(name)
-                reach_text = "fixed" if reach is None else f"{reach[0]:.2g} to {reach[1]:.3g}"
+                reach_text = (
+                    "not computed" if reach is None else f"{reach[0]:.2g} to {reach[1]:.3g}"
+                )
                 lines.append(f"| {objective} | {arm} | {name} | {layer} | {heads} | {reach_text} |")
     if not lines:
         return []
@@ -484,7 +527,8 @@ def _learned_section(results: list[dict]) -> list[str]:
         "and the stick bias at -3; *reachable*: how far the optimiser could have moved them in "
         "the run (each stored parameter moved by at most the sum of the learning rates, "
         "`course_lib.encodings.rse.RSEAttention.reachable_values`), so a learned value inside "
-        "that range is a choice of the training, not a limit of the parametrisation.",
+        "that range is a choice of the training, not a limit of the parametrisation (*not "
+        "computed*: the encoding does not report that range).",
         "",
         "| objective | arm | value | layer | per head | reachable |",
         "|---|---|---|---|---|---|",
@@ -493,17 +537,64 @@ def _learned_section(results: list[dict]) -> list[str]:
     ]
 
 
-def _claims_section(verdicts: dict, untested: list | None = None) -> list[str]:
+def _idle_probe_effect(results: list[dict], verdicts: dict) -> list[str]:
+    """A paragraph on the probes left out as uninformative: which verdicts would differ if their
+    claims were kept in the family (the rule was written after the runs were seen)."""
+    idle = uninformative_probes(results)
+    if not idle:
+        return []
+    left_out = [
+        c
+        for c in declared_claims(results)
+        if (c.objective, c.metric) in idle and _testable(results, c)
+    ]
+    wider = judge(results, [*verdicts, *left_out])
+    changed = [
+        f"{claim.describe()}: {wider[claim].verdict} instead of {verdict.verdict}"
+        for claim, verdict in verdicts.items()
+        if claim in wider and wider[claim].verdict != verdict.verdict
+    ]
+    probes = ", ".join(f"{task.replace('_', ' ')} ({objective})" for objective, task in idle)
+    return [
+        f"Left out after the runs were seen: the claims on {probes}, a probe no arm cleared "
+        f"(the reason is listed below). Kept in the family, the {len(wider)} claims would give "
+        + (
+            "the same verdict to every claim above."
+            if not changed
+            else f"these verdicts instead: {'; '.join(changed)}."
+        ),
+        "",
+    ]
+
+
+def _testable(results: list[dict], claim) -> bool:
+    """Whether the runs hold claim's metric for its arm(s) (a partial run may not)."""
+    groups = by_arm(results)
+    arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
+    stuck = set(plateau_arms(results))
+    if claim.objective == "mlm" and METRICS[claim.metric].kind == "loss" and stuck & set(arms):
+        return False
+    return all(
+        any(metric(r, claim.metric) is not None for r in groups.get((claim.objective, a), []))
+        for a in arms
+    )
+
+
+def _claims_section(
+    verdicts: dict, untested: list | None = None, idle_effect: list[str] | None = None
+) -> list[str]:
     rows = []
     for claim, v in verdicts.items():
         kind = type(claim).__name__.lower()
         rows.append(f"| {kind} | {claim.describe()} | " + " | ".join(_verdict_row(v)) + " |")
     summary = spread_of_called(verdicts)
-    left_out = [f"{claim.describe()} ({why})" for claim, why in untested or []]
+    reasons: dict[str, list[str]] = {}
+    for claim, why in untested or []:
+        reasons.setdefault(why, []).append(claim.describe())
+    left_out = [f"{why}: " + "; ".join(claims) for why, claims in reasons.items()]
+    count = sum(len(claims) for claims in reasons.values())
     untested_line = (
-        [f"Declared but not tested ({len(left_out)}): " + "; ".join(left_out) + ".", ""]
-        if left_out
-        else []
+        [f"Declared but not tested ({count}): " + ". ".join(left_out) + ".", ""] if left_out else []
     )
     return [
         "## Every claim",
@@ -520,6 +611,7 @@ def _claims_section(verdicts: dict, untested: list | None = None) -> list[str]:
         f"{summary['claims']} are called.",
         "",
         *untested_line,
+        *(idle_effect or []),
         "| kind | claim | estimate [95% interval] | p | Holm p | text s.e. | verdict |",
         "|---|---|---|---|---|---|---|",
         *rows,
@@ -618,7 +710,9 @@ def summary_markdown(
         lines += _position_context_table(results, objective)
     lines += _ablation_section(verdicts)
     lines += _learned_section(results)
-    lines += _claims_section(verdicts, untested_questions(results))
+    lines += _claims_section(
+        verdicts, untested_questions(results), _idle_probe_effect(results, verdicts)
+    )
     lines += _cost_section(results, folder)
     return "\n".join(lines).rstrip() + "\n"
 

@@ -2,10 +2,11 @@
 
 A comparison of a preset with a learning-rate grid (``Preset.rates(objective)``) has two stages:
 
-1. **The sweep** (:func:`run_sweep_one`): every encoding trained once per rate of the grid with
-   the seed ``Preset.sweep_seed`` (never a seed the report scores) and scored on the
+1. **The sweep** (:func:`run_sweep_one`): every encoding trained once per rate of the grid and
+   seed of ``Preset.sweep_seeds`` (never a seed the report scores) and scored on the
    **selection** split only. :func:`chosen_learning_rates` picks, per (objective, encoding),
-   the rate with the lowest selection loss; an ablation trains with its encoding's rate.
+   the rate with the lowest mean selection loss over the sweep seeds; an ablation trains with
+   its encoding's rate.
 2. **The runs** (:func:`run_one`): each (arm, objective, seed) trained at its chosen rate
    (:func:`course_lib.train.train_model`), then scored on the **test** split:
 
@@ -23,7 +24,7 @@ A comparison of a preset with a learning-rate grid (``Preset.rates(objective)``)
      that may be busy: :func:`timing_pass` measures speed on its own).
 
 Each run writes ``<out_dir>/<objective>_<arm>_s<seed>.json`` (the sweep:
-``<out_dir>/sweep/<objective>_<encoding>_lr<rate>.json``) and keeps a checkpoint in
+``<out_dir>/sweep/<objective>_<encoding>_lr<rate>_s<seed>.json``) and keeps a checkpoint in
 ``<checkpoint_dir>/`` (model, optimiser, step, RNG states; the default checkpoint folder ignores
 itself in git). An interrupted comparison resumes where it stopped, mid-run too; a finished run
 is skipped unless ``force=True``. :func:`run_comparison` makes both stages, then
@@ -65,9 +66,11 @@ from course_lib.compare.results import (
     default_out_dir,
     hardware_label,
     load_results,
+    mean_sweep_loss,
     run_name,
     summary_markdown,
     sweep_name,
+    sweep_table,
 )
 from course_lib.data import (
     ProbeBatch,
@@ -75,6 +78,7 @@ from course_lib.data import (
     corpus_source,
     segment_windows,
     unigram_entropy,
+    window_documents,
 )
 from course_lib.distributed import Processes, tensor_fingerprint
 from course_lib.evaluate import heldout_loss, peak_memory, shift_and_context_losses
@@ -162,6 +166,11 @@ class _Data:
         self.long = segment_windows(
             self.splits.test, preset.long_multiple * length + 1, preset.long_windows
         )
+        # the document of each test window: the report bootstraps the text's noise by document
+        self.test_documents = window_documents(self.splits.test, length + 1, preset.eval_windows)
+        self.long_documents = window_documents(
+            self.splits.test, preset.long_multiple * length + 1, preset.long_windows
+        )
         self.source = corpus_source()
         self.unigram_entropy = unigram_entropy(self.train)
 
@@ -174,6 +183,8 @@ class _Data:
             "test_windows": int(self.test.shape[0]),
             "long_windows": int(self.long.shape[0]),
             "long_window_length": int(self.long.shape[1] - 1),
+            "test_window_documents": self.test_documents.tolist(),
+            "long_window_documents": self.long_documents.tolist(),
         }
 
 
@@ -273,6 +284,7 @@ def run_sweep_one(
     learning_rate: float,
     preset: Preset | str = "auto",
     *,
+    seed: int | None = None,
     out_dir: str | Path | None = None,
     checkpoint_dir: str | Path | None = None,
     force: bool = False,
@@ -282,20 +294,27 @@ def run_sweep_one(
     data: _Data | None = None,
     processes: Processes | None = None,
 ) -> dict | None:
-    """Train ``encoding`` for ``objective`` at ``learning_rate`` with the preset's sweep seed
-    and score it on the selection split (:func:`course_lib.evaluate.heldout_loss`); write and
-    return ``<out_dir>/sweep/<objective>_<encoding>_lr<rate>.json`` (reused when it exists and
+    """Train ``encoding`` for ``objective`` at ``learning_rate`` with ``seed`` (one of the
+    preset's ``sweep_seeds``; default the first) and score it on the selection split
+    (:func:`course_lib.evaluate.heldout_loss`); write and return
+    ``<out_dir>/sweep/<objective>_<encoding>_lr<rate>_s<seed>.json`` (reused when it exists and
     matches; ``None`` when stopped by ``stop_after_steps``). ``processes`` as in
     :func:`run_one`."""
     get_arm(encoding)
     _check_objective(objective)
     preset = choose_preset(preset) if isinstance(preset, str) else preset
+    seed = preset.sweep_seeds[0] if seed is None else seed
+    if seed not in preset.sweep_seeds:
+        raise ValueError(
+            f"seed {seed} is not a sweep seed of preset {preset.name!r} "
+            f"(its sweep seeds: {', '.join(map(str, preset.sweep_seeds))})"
+        )
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out_dir / "checkpoints"
-    name = sweep_name(objective, encoding, learning_rate)
+    name = sweep_name(objective, encoding, learning_rate, seed)
     result_path = out_dir / "sweep" / f"{name}.json"
     checkpoint_path = checkpoint_dir / "sweep" / f"{name}.pt"
-    identity = preset.sweep_identity(encoding, objective, learning_rate)
+    identity = preset.sweep_identity(encoding, objective, learning_rate, seed)
     team = processes if processes is not None and processes.mode == "data" else None
 
     def saved() -> dict | None:
@@ -309,7 +328,7 @@ def run_sweep_one(
     if found is not None:
         return found
     data = data or _Data(preset)
-    config = preset.train_config(objective, preset.sweep_seed, learning_rate)
+    config = preset.train_config(objective, seed, learning_rate)
     with _torch_threads(threads if threads is not None else _threads(preset)):
         started, cpu_started = time.perf_counter(), time.process_time()
         torch.manual_seed(config.seed)
@@ -374,8 +393,10 @@ def _belongs(sweep: dict, preset: Preset) -> bool:
     try:
         if sweep["learning_rate"] not in preset.rates(sweep["objective"]):
             return False
+        if sweep["seed"] not in preset.sweep_seeds:
+            return False
         expected = preset.sweep_identity(
-            sweep["encoding"], sweep["objective"], sweep["learning_rate"]
+            sweep["encoding"], sweep["objective"], sweep["learning_rate"], sweep["seed"]
         )
     except (KeyError, ValueError):
         return False
@@ -389,24 +410,22 @@ def chosen_learning_rates(
     sweeps: list[dict] | None = None,
 ) -> dict[tuple[str, str], float]:
     """``{(objective, encoding): rate}``: for each pair, the rate of ``preset.rates(objective)``
-    whose sweep run has the lowest selection loss (a run that diverged, with a non-finite loss,
-    never wins; on a tie the smaller rate). ``pairs`` default to every pair with sweep runs.
-    Without a grid every pair gets ``train.learning_rate``. Raises FileNotFoundError naming the
-    sweep runs that are missing."""
+    whose sweep runs have the lowest mean selection loss over ``preset.sweep_seeds``
+    (:func:`sweep_table`; a rate with a diverged run, a non-finite loss, never wins; on a tie
+    the smaller rate). ``pairs`` default to every pair with sweep runs. Without a grid every
+    pair gets ``train.learning_rate``. Raises FileNotFoundError naming the sweep runs that are
+    missing."""
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     found = sweeps if sweeps is not None else sweep_results(out_dir, preset)
-    table: dict[tuple[str, str], dict[float, float]] = {}
-    for r in found:
-        table.setdefault((r["objective"], r["encoding"]), {})[r["learning_rate"]] = r["select"][
-            "loss"
-        ]
+    table = sweep_table(found)
     if pairs is None:
         pairs = sorted(table)
     missing = [
-        sweep_name(o, e, rate)
+        sweep_name(o, e, rate, seed)
         for o, e in pairs
         for rate in preset.rates(o)
-        if rate not in table.get((o, e), {})
+        for seed in preset.sweep_seeds
+        if seed not in table.get((o, e), {}).get(rate, {})
     ]
     if missing:
         raise FileNotFoundError(
@@ -418,11 +437,13 @@ def chosen_learning_rates(
         if not preset.rates(pair[0]):
             chosen[pair] = preset.train.learning_rate
             continue
-        grid = preset.rates(pair[0])
-        losses = {rate: loss for rate, loss in table[pair].items() if rate in grid}
-        finite = [(loss, rate) for rate, loss in losses.items() if math.isfinite(loss)]
+        means = {
+            rate: mean_sweep_loss(table[pair][rate], preset.sweep_seeds)
+            for rate in preset.rates(pair[0])
+        }
+        finite = [(loss, rate) for rate, loss in means.items() if math.isfinite(loss)]
         if not finite:
-            raise ValueError(f"every sweep run of {pair} diverged: {losses}")
+            raise ValueError(f"every rate of {pair} has a diverged sweep run: {means}")
         chosen[pair] = min(finite)[1]
     return chosen
 
@@ -836,7 +857,13 @@ def run_comparison(
     pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
     # the sweep's causal runs first: they are the cheap ones
     sweep = sorted(
-        ((o, e, rate) for o, e in pairs for rate in preset.rates(o)), key=lambda x: x[0] != "clm"
+        (
+            (o, e, rate, seed)
+            for o, e in pairs
+            for rate in preset.rates(o)
+            for seed in preset.sweep_seeds
+        ),
+        key=lambda x: x[0] != "clm",
     )
     main = processes is None or processes.is_main
     runs_mode = processes is not None and processes.mode == "runs"
@@ -860,11 +887,11 @@ def run_comparison(
     if sweep:
         bar = tqdm(total=len(sweep), desc=f"{preset.name} sweep{rank_note}", disable=not show)
         try:
-            for objective, encoding, rate in _mine(processes, sweep, "sweep"):
-                name = sweep_name(objective, encoding, rate)
+            for objective, encoding, rate, seed in _mine(processes, sweep, "sweep"):
+                name = sweep_name(objective, encoding, rate, seed)
                 bar.set_postfix(run=name, refresh=True)
                 result = run_sweep_one(
-                    encoding, objective, rate, preset,
+                    encoding, objective, rate, preset, seed=seed,
                     data=needs_data(out_dir / "sweep" / f"{name}.json"), **common,
                 )  # fmt: skip
                 if result is not None:
