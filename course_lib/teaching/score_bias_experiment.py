@@ -16,7 +16,9 @@ for the twenty runs on a 2-core CPU):
    same tokens; only how much context each token gets, and at which positions, differs.
    The result per length: the mean next-token loss (nats per byte) over all its tokens, and the
    **loss per position bucket** (positions 0-63, 64-127, 128-255, 256-511 inside the window; a
-   bucket past the window's end is None).
+   bucket past the window's end is None), and the same buckets by the token's place in the
+   *chunk* (``chunk_buckets``): the same tokens at every length, so two lengths' chunk buckets
+   compare one text read with more or less context (what notebook 06's claims about context use).
 
 Because the models are causal, the loss at position ``p`` depends only on the ``p + 1`` tokens up
 to it: position 70 of a window of 512 gets exactly what position 70 of a window of 128 starting at
