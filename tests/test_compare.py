@@ -667,7 +667,10 @@ def test_every_declared_question_is_tested_on_the_committed_results(committed):
     for claim, why in untested.items():
         plateau = claim.objective == "mlm" and "plateau" in why
         idle = claim.metric == "retrieval" and "position-blind guess" in why
-        assert plateau or idle or "position table" in why, (claim, why)
+        # an ablation asked about retrieval under both objectives; the cpu preset probes
+        # retrieval on its causal runs only
+        unprobed = claim.objective == "mlm" and "no retrieval (not in this preset)" in why
+        assert plateau or idle or unprobed or "position table" in why, (claim, why)
     summary = (COMMITTED / "summary.md").read_text()
     for claim in untested:
         assert claim.describe() in summary.split("Declared but not tested", 1)[1].split("\n")[0]

@@ -297,10 +297,11 @@ def untested_questions(results: list[dict]) -> list[tuple[Claim, str]]:
     """The declared questions (:func:`questions`) about arms that were run
     (:func:`declared_claims`) that :func:`report_claims` leaves out, each with why: a masked-LM
     arm that did not leave the plateau (loss claims), an arm with no runs of the claim's
-    objective (a partial run), a metric the runs record as not applicable (the learned table has no rows
-    past the training length, so its far targets cannot be read), or a metric the preset does
-    not measure. The summary lists them, so a declared question never vanishes silently (the
-    committed results' test allows only the plateau and the not-applicable reasons)."""
+    objective (a partial run), a metric the runs record as not applicable (the learned table has
+    no rows past the training length, so its far targets cannot be read), a probe no arm clears
+    (:func:`uninformative_probes`), or a metric the preset does not measure. The ablations'
+    claims are listed too. The summary lists them, so a declared claim never vanishes
+    silently."""
     groups, stuck = by_arm(results), set(plateau_arms(results))
     idle = uninformative_probes(results)
     return [

@@ -416,12 +416,12 @@ PRESETS: dict[str, Preset] = {
         mlm_steps=1000,
         # The size of the whole run, from the CPU seconds of the committed runs (one thread per
         # process; their wall time was 2-3x longer, the machine was shared): a masked run about
-        # 46 s (stick-breaking and RSE about 92 s), a causal one about 40 s (50 s), the sweep's
-        # 96 runs 1,700 s in all. Six seeds of every arm under both objectives would take about
-        # 14,000 CPU s, nearly 2 hours on 2 idle cores; so: five seeds (the fewest the verdicts
-        # are read from), and each ablation only under the objective its question is about
-        # (arms.py; rse.stick_bias under both): about 9,500 CPU s, under 80 min on 2 idle cores.
-        # A sixth seed can be added later (--seeds 5).
+        # 46 s (stick-breaking and RSE about 92 s), a causal one about 40 s (50 s); the sweep's
+        # 210 runs (two sweep seeds) about 4,500 s in all. Six seeds of every arm under both
+        # objectives would take about 14,000 CPU s for the runs alone; so: five seeds (the fewest
+        # the verdicts are read from), and each ablation only under the objective its question
+        # is about (arms.py; rse.stick_bias under both): about 12,200 CPU s with the sweep, about
+        # 100 min on 2 idle cores. A sixth seed can be added later (--seeds 5).
         seeds=(0, 1, 2, 3, 4),
         ablations=_ALL_ABLATIONS,
         # A first grid of 1.5e-3, 3e-3 and 6e-3 for both objectives put every encoding at an

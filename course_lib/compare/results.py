@@ -203,6 +203,18 @@ def _probes_of(runs: list[dict]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+def preset_description(results: list[dict]) -> str:
+    """The description of the preset the runs belong to: the preset's own, as it reads now
+    (runs made before a change of wording that leaves their identity alone, such as a wider
+    sweep grid for other encodings, still belong to it), or the one the first run recorded
+    when the preset is not one of :data:`~course_lib.compare.presets.PRESETS`."""
+    from course_lib.compare.presets import PRESETS  # presets imports this module
+
+    first = results[0]
+    preset = PRESETS.get(first["preset"])
+    return preset.description if preset is not None else first["preset_description"]
+
+
 def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
     """One paragraph: the model, the hardware, the seeds, and what the runs cost (with the
     sittings logged in ``folder``)."""
@@ -212,7 +224,7 @@ def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
     train_cpu = sum(r["metrics"]["train_cpu_seconds"] for r in results)
     loads = [x for r in results if (x := r["metrics"].get("cpu_load_average_1min")) is not None]
     text = (
-        f"Model: {first['preset_description']}. Hardware: {hardware_label(first['hardware'])}. "
+        f"Model: {preset_description(results)}. Hardware: {hardware_label(first['hardware'])}. "
         f"Seeds: {', '.join(map(str, seeds))} (each seeds the initialisation and the order of "
         "the training data; probe examples, masks and evaluation text are the same for every "
         f"run). The {len(results)} runs took {cpu / 60:.1f} CPU-minutes (process time; "
@@ -260,6 +272,19 @@ def _sweep_cpu(folder: str | Path | None) -> float:
     return total
 
 
+def _bootstrap_unit_text(results: list[dict]) -> str:
+    """What the bootstrap of the text's noise resamples: the test text's documents when every
+    run records them, else its windows."""
+    documents = [r.get("data", {}).get("test_window_documents") for r in results]
+    if all(d is not None for d in documents):
+        count = len(set(documents[0]))
+        return (
+            f"a block bootstrap over the {count} documents of the test text, each drawn with all "
+            "its windows, since windows of one document are not independent"
+        )
+    return "a bootstrap over windows: these runs do not record their windows' documents"
+
+
 def _data_section(results: list[dict], verdicts: dict) -> list[str]:
     data = results[0]["data"]
     val_tokens = {r["objective"]: r["evaluation"]["val"]["tokens"] for r in results}
@@ -287,7 +312,9 @@ def _data_section(results: list[dict], verdicts: dict) -> list[str]:
         f"{data['long_windows']} windows of {data['long_window_length']} bytes. Unigram "
         f"entropy of the training text: {data['unigram_entropy_nats']:.3f} nats per byte.",
         "",
-        f"The test text's own noise (bootstrap over windows, {BOOTSTRAP_RESAMPLES} resamples): "
+        "The test text's own noise ("
+        + _bootstrap_unit_text(results)
+        + f", {BOOTSTRAP_RESAMPLES} resamples): "
         "standard error of one arm's test loss "
         + ", ".join(f"{o} {min(v):.3f} to {max(v):.3f}" for o, v in se.items() if v)
         + " nats; of the called estimates below, at most "
@@ -557,11 +584,12 @@ def _idle_probe_effect(results: list[dict], verdicts: dict) -> list[str]:
     probes = ", ".join(f"{task.replace('_', ' ')} ({objective})" for objective, task in idle)
     return [
         f"Left out after the runs were seen: the claims on {probes}, a probe no arm cleared "
-        f"(the reason is listed below). Kept in the family, the {len(wider)} claims would give "
+        f"(the reason is listed above). With them kept in the family ({len(wider)} claims "
+        f"instead of {len(verdicts)}), "
         + (
-            "the same verdict to every claim above."
+            "every verdict below would be the same."
             if not changed
-            else f"these verdicts instead: {'; '.join(changed)}."
+            else f"these verdicts would differ: {'; '.join(changed)}."
         ),
         "",
     ]
@@ -764,4 +792,4 @@ def update_readme_headline(results: list[dict], readme: str | Path | None = None
 
 def first_line(results: list[dict]) -> str:
     first = results[0]
-    return f"The `{first['preset']}` preset: {first['preset_description']}."
+    return f"The `{first['preset']}` preset: {preset_description(results)}."
