@@ -174,13 +174,18 @@ def segment_windows(
     ]
     if not pieces:
         raise ValueError(f"no segment holds a window of {length} tokens")
-    windows = torch.cat(pieces)
+    return _spread(torch.cat(pieces), max_windows)
+
+
+def _spread(rows: torch.Tensor, max_windows: int | None) -> torch.Tensor:
+    """``rows`` (one per window), or ``max_windows`` of them evenly spread over the list
+    (indices ``round(linspace(0, available - 1, max_windows))``)."""
     if max_windows is not None:
         max_windows = check_int("max_windows", max_windows, 1)
-        if max_windows < windows.shape[0]:
-            picks = torch.linspace(0, windows.shape[0] - 1, max_windows).round().long()
-            windows = windows[picks]
-    return windows
+        if max_windows < rows.shape[0]:
+            picks = torch.linspace(0, rows.shape[0] - 1, max_windows).round().long()
+            rows = rows[picks]
+    return rows
 
 
 #: The byte that ends a document in the corpus (:func:`course_lib.data.load_corpus`: one document
@@ -207,10 +212,4 @@ def window_documents(
         before += int((s == DOCUMENT_END).sum())
     if not ids:
         raise ValueError(f"no segment holds a window of {length} tokens")
-    documents = torch.cat(ids)
-    if max_windows is not None:
-        max_windows = check_int("max_windows", max_windows, 1)
-        if max_windows < documents.shape[0]:
-            picks = torch.linspace(0, documents.shape[0] - 1, max_windows).round().long()
-            documents = documents[picks]
-    return documents
+    return _spread(torch.cat(ids), max_windows)
