@@ -87,7 +87,9 @@ from course_lib.train import TrainState, learning_rate_sum, probe_finetune, trai
 
 __all__ = [
     "chosen_learning_rates",
+    "comparison_plan",
     "hardware_description",
+    "minutes_left",
     "preset_results",
     "retrieval_bag_baseline",
     "run_comparison",
@@ -293,13 +295,14 @@ def run_sweep_one(
     threads: int | None = None,
     data: _Data | None = None,
     processes: Processes | None = None,
+    deadline: float | None = None,
 ) -> dict | None:
     """Train ``encoding`` for ``objective`` at ``learning_rate`` with ``seed`` (one of the
     preset's ``sweep_seeds``; default the first) and score it on the selection split
     (:func:`course_lib.evaluate.heldout_loss`); write and return
     ``<out_dir>/sweep/<objective>_<encoding>_lr<rate>_s<seed>.json`` (reused when it exists and
-    matches; ``None`` when stopped by ``stop_after_steps``). ``processes`` as in
-    :func:`run_one`."""
+    matches; ``None`` when stopped by ``stop_after_steps`` or ``deadline``). ``processes`` and
+    ``deadline`` as in :func:`run_one`."""
     get_arm(encoding)
     _check_objective(objective)
     preset = choose_preset(preset) if isinstance(preset, str) else preset
@@ -337,7 +340,7 @@ def run_sweep_one(
         state = train_model(
             model, data.train, data.curve, config, checkpoint_path=checkpoint_path,
             meta=identity, stop_after_steps=stop_after_steps, progress=progress,
-            desc=f"{name} sweep", data_parallel=team,
+            desc=f"{name} sweep", data_parallel=team, deadline=deadline,
         )  # fmt: skip
         if not state.finished:
             return None
@@ -472,6 +475,7 @@ def run_one(
     threads: int | None = None,
     data: _Data | None = None,
     processes: Processes | None = None,
+    deadline: float | None = None,
 ) -> dict | None:
     """Train and evaluate one (arm, objective, seed) run; return its results dict.
 
@@ -484,7 +488,9 @@ def run_one(
     (``force=True`` recomputes, deleting the old checkpoint first). Resumes from
     ``<checkpoint_dir>/<objective>_<arm>_s<seed>.pt`` if present. With ``stop_after_steps`` the
     training stops there (simulating an interruption), the checkpoint is kept and ``None`` is
-    returned; call again without it to finish. On CPU the run uses ``threads`` (default: the
+    returned; call again without it to finish. ``deadline`` (a :func:`time.monotonic` value; one
+    process only) stops the training the same way at the first step that ends after it (a run
+    whose training is finished is evaluated, however late). On CPU the run uses ``threads`` (default: the
     preset's ``cpu_threads``) torch threads, restored afterwards: the thread count changes the
     order of floating-point sums, so a resumed run must use the same count to match exactly.
 
@@ -526,7 +532,7 @@ def run_one(
     with _torch_threads(threads if preset.device == "cpu" else None):
         return _train_and_evaluate(
             arm, objective, seed, learning_rate, preset, identity, data, result_path,
-            checkpoint_path, progress, stop_after_steps, processes,
+            checkpoint_path, progress, stop_after_steps, processes, deadline,
         )  # fmt: skip
 
 
@@ -543,6 +549,7 @@ def _train_and_evaluate(
     progress: bool,
     stop_after_steps: int | None,
     processes: Processes | None = None,
+    deadline: float | None = None,
 ) -> dict | None:
     name = run_name(objective, arm, seed)
     team = processes if processes is not None and processes.mode == "data" else None
@@ -564,6 +571,7 @@ def _train_and_evaluate(
         progress=progress,
         desc=f"{name} train",
         data_parallel=team,
+        deadline=deadline,
     )
     if not state.finished:
         return None
@@ -796,6 +804,7 @@ def run_comparison(
     threads: int | None = None,
     stop_after_steps: int | None = None,
     processes: Processes | None = None,
+    budget_seconds: float | None = None,
 ) -> list[dict]:
     """Every (seed, objective, arm) run of ``preset``; returns the results of the finished ones.
 
@@ -812,6 +821,13 @@ def run_comparison(
     this preset saved there (:func:`preset_results`), so running one more arm or seed into a
     folder adds it to the report instead of replacing it. ``threads`` overrides the preset's
     CPU thread count.
+
+    ``budget_seconds`` (one process only) makes one slice of the comparison: the runs go in the
+    order of :func:`comparison_plan` (the sweep seed by seed, then the scored runs seed by seed)
+    until the budget is spent; no run starts after it, and a run whose training is still going
+    then stops at a checkpoint (written there) and resumes from it at the next call, which goes
+    on where this one stopped. A run whose training finished in time is evaluated and saved
+    whole. The progress bars show an estimate of the minutes left (:func:`minutes_left`).
 
     With ``processes`` (every process of a ``torchrun`` launch calls this with the same
     arguments): in ``"data"`` mode the runs go in the same order, each trained by all processes
@@ -853,18 +869,11 @@ def run_comparison(
         # an ablation runs only under the objectives its question is about
         return get_arm(arm).trains(objective)
 
-    runs = [(o, a, s) for s in seeds for o in objectives for a in arms if trains(o, a)]
+    if budget_seconds is not None and processes is not None:
+        raise ValueError("a time budget slices the runs of one process; not under torchrun")
+    deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
+    sweep, runs = comparison_plan(preset, arms, seeds, objectives)
     pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
-    # the sweep's causal runs first: they are the cheap ones
-    sweep = sorted(
-        (
-            (o, e, rate, seed)
-            for o, e in pairs
-            for rate in preset.rates(o)
-            for seed in preset.sweep_seeds
-        ),
-        key=lambda x: x[0] != "clm",
-    )
     main = processes is None or processes.is_main
     runs_mode = processes is not None and processes.mode == "runs"
     show = progress and (main or runs_mode)
@@ -882,20 +891,36 @@ def run_comparison(
     common = dict(
         out_dir=out_dir, checkpoint_dir=checkpoint_dir, force=force, progress=show,
         stop_after_steps=stop_after_steps, threads=threads, processes=processes,
+        deadline=deadline,
     )  # fmt: skip
+    costs: dict[str, list[float]] = {"sweep": [], "runs": []}
+    timing = _timing_rows(out_dir)
+
+    def left(done_sweep: int, done_runs: int) -> str:
+        minutes = minutes_left(preset, sweep[done_sweep:], runs[done_runs:], costs, timing)
+        return "?" if minutes is None else f"~{minutes:.0f} min"
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
     swept: list[dict] = []
     if sweep:
         bar = tqdm(total=len(sweep), desc=f"{preset.name} sweep{rank_note}", disable=not show)
         try:
-            for objective, encoding, rate, seed in _mine(processes, sweep, "sweep"):
+            for i, (objective, encoding, rate, seed) in enumerate(_mine(processes, sweep, "sweep")):
+                if out_of_time():
+                    break
                 name = sweep_name(objective, encoding, rate, seed)
-                bar.set_postfix(run=name, refresh=True)
+                bar.set_postfix(run=name, left=left(i, 0), refresh=True)
                 result = run_sweep_one(
                     encoding, objective, rate, preset, seed=seed,
                     data=needs_data(out_dir / "sweep" / f"{name}.json"), **common,
                 )  # fmt: skip
                 if result is not None:
                     swept.append(result)
+                    costs["sweep"].append(_cost(result))
+                elif deadline is not None:
+                    break  # out of time: the next call resumes this run from its checkpoint
                 bar.update(1)
         finally:
             bar.close()
@@ -911,9 +936,11 @@ def run_comparison(
     results: list[dict] = []
     bar = tqdm(total=len(runs), desc=f"{preset.name} comparison{rank_note}", disable=not show)
     try:
-        for objective, arm, seed in _mine(processes, runs, "runs"):
+        for i, (objective, arm, seed) in enumerate(_mine(processes, runs, "runs")):
+            if out_of_time():
+                break
             name = run_name(objective, arm, seed)
-            bar.set_postfix(run=name, refresh=True)
+            bar.set_postfix(run=name, left=left(len(sweep), i), refresh=True)
             result = run_one(
                 arm, objective, preset, seed=seed,
                 learning_rate=rates[objective, get_arm(arm).encoding],
@@ -921,6 +948,9 @@ def run_comparison(
             )  # fmt: skip
             if result is not None:
                 results.append(result)
+                costs["runs"].append(_cost(result))
+            elif deadline is not None:
+                break  # out of time: the next call resumes this run from its checkpoint
             bar.update(1)
     finally:
         bar.close()
@@ -935,6 +965,91 @@ def run_comparison(
     if main and figures and results and len(results) == len(runs):
         write_report(out_dir, preset)
     return results
+
+
+def comparison_plan(
+    preset: Preset,
+    arms: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    objectives: Sequence[str] | None = None,
+) -> tuple[list[tuple[str, str, float, int]], list[tuple[str, str, int]]]:
+    """The comparison's runs in the order they are made: ``(sweep, runs)``.
+
+    ``sweep``: ``(objective, encoding, rate, sweep seed)``, every rate of every (objective,
+    encoding) pair for the first sweep seed, then for the next one (causal pairs first in each:
+    they are the cheap ones); ``runs``: ``(objective, arm, seed)``, seed by seed (so a
+    comparison cut short has whole seeds: seed 0 of every arm under every objective first),
+    objective by objective, arm by arm; a causal-only encoding has no masked-LM run. ``arms``,
+    ``seeds`` and ``objectives`` default to the preset's."""
+    arms = tuple(arms if arms is not None else preset.arm_names())
+    seeds = tuple(seeds if seeds is not None else preset.seeds)
+    objectives = tuple(objectives or preset.objectives)
+    runs = [(o, a, s) for s in seeds for o in objectives for a in arms if get_arm(a).trains(o)]
+    pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
+    sweep = sorted(
+        (
+            (o, e, rate, seed)
+            for seed in preset.sweep_seeds
+            for o, e in pairs
+            for rate in preset.rates(o)
+        ),
+        key=lambda x: (preset.sweep_seeds.index(x[3]), x[0] != "clm"),
+    )
+    return sweep, runs
+
+
+def _cost(result: dict) -> float:
+    """Seconds a finished run took: its training, evaluation and probes."""
+    metrics = result.get("metrics", {})
+    return sum(
+        float(metrics.get(key) or 0.0)
+        for key in ("train_seconds", "evaluation_seconds", "probe_seconds")
+    )
+
+
+def _timing_rows(out_dir: Path) -> dict[tuple[str, str], float]:
+    """``{(objective, arm): tokens per second}`` of ``<out_dir>/timing.json`` (empty if none)."""
+    path = out_dir / "timing.json"
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+        return {(r["objective"], r["arm"]): float(r["tokens_per_second"]) for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def minutes_left(
+    preset: Preset,
+    sweep_left: Sequence[tuple[str, str, float, int]],
+    runs_left: Sequence[tuple[str, str, int]],
+    costs: dict[str, list[float]],
+    timing: dict[tuple[str, str], float] | None = None,
+) -> float | None:
+    """An estimate of the minutes the runs left will take: each run at the mean cost of the
+    runs of its stage finished so far (``costs["sweep"]``, ``costs["runs"]``, seconds; a scored
+    run with none yet at the sweep's mean), or else at the training speed of the timing pass
+    (``timing``: ``{(objective, arm): tokens per second}``); None when neither says."""
+    timing = timing or {}
+
+    def from_timing(objective: str, arm: str) -> float | None:
+        speed = timing.get((objective, arm))
+        if not speed:
+            return None
+        config = preset.train_config(objective)
+        return config.steps * config.batch_size * config.seq_len / speed
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    total = 0.0
+    for stage, items in (("sweep", sweep_left), ("runs", runs_left)):
+        for item in items:
+            each = mean(costs.get(stage, [])) or mean(costs.get("sweep", []))
+            if each is None:
+                each = from_timing(item[0], item[1])
+            if each is None:
+                return None
+            total += each
+    return total / 60
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1044,7 +1159,12 @@ def write_report(out_dir: str | Path, preset: Preset | str) -> list[Path]:
     written = write_figures(saved, out_dir)
     summary = out_dir / "summary.md"
     summary.write_text(
-        summary_markdown(saved, sweeps=sweep_results(out_dir, preset), folder=out_dir),
+        summary_markdown(
+            saved,
+            sweeps=sweep_results(out_dir, preset),
+            folder=out_dir,
+            planned_seeds=preset.seeds,
+        ),
         encoding="utf-8",
     )
     return [*written, summary]
