@@ -140,7 +140,7 @@ def test_budget_minutes_on_the_command_line(tmp_path, monkeypatch, capsys):
     assert main([*args, "--budget-minutes", "0.0001"]) == 0
     printed = capsys.readouterr().out
     assert "sweep: 0 of 16 runs; comparison: 0 of 8 runs" in printed
-    assert "run the same command again" in printed
+    assert "run the comparison again to go on" in printed
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "--budget-minutes" in capsys.readouterr().out

@@ -46,6 +46,7 @@ from course_lib.compare.runner import (
     comparison_plan,
     preset_results,
     run_comparison,
+    sweep_results,
     timing_pass,
     write_report,
 )
@@ -259,7 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             written = write_report(out_dir, preset)
         except ComparisonFileError as error:
-            parser.exit(2, f"{parser.prog}: error: {error}\n")
+            if not sweep_results(out_dir, preset):
+                parser.exit(2, f"{parser.prog}: error: {error}\n")
+            # a comparison made in slices that has not reached a scored run yet
+            print(f"no scored run yet in {out_dir}: {_slice_note(preset, args, Path(out_dir))}")
+            return 0
         for path in written:
             print(f"wrote {path}")
         saved = preset_results(out_dir, preset)
@@ -349,7 +354,7 @@ def _slice_note(preset, args: argparse.Namespace, out_dir: Path) -> str:
     made = sum((out_dir / f"{run_name(*item)}.json").exists() for item in runs)
     left = len(sweep) - swept + len(runs) - made
     return f"sweep: {swept} of {len(sweep)} runs; comparison: {made} of {len(runs)} runs; " + (
-        "all made" if not left else "run the same command again to go on"
+        "all made" if not left else "run the comparison again to go on"
     )
 
 

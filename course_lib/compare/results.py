@@ -770,9 +770,15 @@ def _unfinished_lines(results: list[dict], missing: dict, planned: int, waiting:
     )
     return [
         f"**Unfinished**: {made} of {planned * len(groups)} runs of the arms run so far "
-        f"({short}; the others have all {planned}). The {waiting} declared claims about an arm "
-        f"with seeds missing are not tested yet ({SEEDS_NOT_RUN}); the family tested below is "
-        "the rest, so its verdicts may change when the runs are finished.",
+        f"({short}; the others have all {planned}). "
+        + (
+            f"{waiting} declared claim{'s' if waiting != 1 else ''} about an arm with seeds "
+            f"missing {'are' if waiting != 1 else 'is'} not tested yet ({SEEDS_NOT_RUN}); the "
+            "family tested below is the rest, so its verdicts may change when the runs are "
+            "finished."
+            if waiting
+            else "Every declared claim's arms have all their seeds."
+        ),
         "",
     ]
 

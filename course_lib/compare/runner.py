@@ -27,7 +27,9 @@ Each run writes ``<out_dir>/<objective>_<arm>_s<seed>.json`` (the sweep:
 ``<out_dir>/sweep/<objective>_<encoding>_lr<rate>_s<seed>.json``) and keeps a checkpoint in
 ``<checkpoint_dir>/`` (model, optimiser, step, RNG states; the default checkpoint folder ignores
 itself in git). An interrupted comparison resumes where it stopped, mid-run too; a finished run
-is skipped unless ``force=True``. :func:`run_comparison` makes both stages, then
+is skipped unless ``force=True``. :func:`run_comparison` makes both stages in the order of
+:func:`course_lib.compare.plan.comparison_plan` (``budget_seconds``: as many as fit, resumed by
+the next call), then
 :func:`write_report` writes the figures (:mod:`course_lib.compare.figures`) and ``summary.md``.
 
 Both take ``processes`` (:class:`course_lib.distributed.Processes`, from ``torchrun``; None by
@@ -52,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib.compare.arms import get_arm
+from course_lib.compare.arms import Arm, get_arm
 from course_lib.compare.files import (
     RESULT_KEYS,
     ComparisonFileError,
@@ -60,6 +62,7 @@ from course_lib.compare.files import (
     no_runs_message,
     read_json,
 )
+from course_lib.compare.plan import comparison_plan, minutes_left, run_cost, timing_speeds
 from course_lib.compare.presets import Preset, choose_preset
 from course_lib.compare.results import (
     LOG_FILES,
@@ -461,7 +464,7 @@ def _threads(preset: Preset) -> int | None:
 
 
 def run_one(
-    arm: str,
+    arm: str | Arm,
     objective: str,
     preset: Preset | str = "auto",
     *,
@@ -479,7 +482,8 @@ def run_one(
 ) -> dict | None:
     """Train and evaluate one (arm, objective, seed) run; return its results dict.
 
-    ``arm`` is an encoding's name or an ablation's (:mod:`course_lib.compare.arms`); ``seed``
+    ``arm`` is an encoding's name or an ablation's, or its :class:`~course_lib.compare.arms.Arm`
+    (:mod:`course_lib.compare.arms`; resolved once and carried through); ``seed``
     seeds the model's initialisation and the order of its training data (probe examples and
     evaluation text are the same for every seed). ``learning_rate`` defaults to the one the
     preset's sweep chose for the arm's encoding (:func:`chosen_learning_rates`, read from
@@ -502,7 +506,8 @@ def run_one(
     ``"runs"`` mode this process makes the run alone, as without ``processes``; its
     ``hardware`` record says how many processes shared the machine(s).
     """
-    spec = get_arm(arm)  # validates the name: a ValueError lists the valid ones
+    spec = arm if isinstance(arm, Arm) else get_arm(arm)  # a ValueError lists the valid ones
+    arm = spec.name
     _check_objective(objective)
     _check_seed(seed)
     preset = choose_preset(preset) if isinstance(preset, str) else preset
@@ -531,13 +536,13 @@ def run_one(
     threads = threads if threads is not None else _threads(preset)
     with _torch_threads(threads if preset.device == "cpu" else None):
         return _train_and_evaluate(
-            arm, objective, seed, learning_rate, preset, identity, data, result_path,
+            spec, objective, seed, learning_rate, preset, identity, data, result_path,
             checkpoint_path, progress, stop_after_steps, processes, deadline,
         )  # fmt: skip
 
 
 def _train_and_evaluate(
-    arm: str,
+    spec: Arm,
     objective: str,
     seed: int,
     learning_rate: float,
@@ -551,6 +556,7 @@ def _train_and_evaluate(
     processes: Processes | None = None,
     deadline: float | None = None,
 ) -> dict | None:
+    arm = spec.name
     name = run_name(objective, arm, seed)
     team = processes if processes is not None and processes.mode == "data" else None
     device = torch.device(preset.device) if team is None else team.device
@@ -578,7 +584,7 @@ def _train_and_evaluate(
 
     def evaluate() -> dict:
         return _evaluate_and_save(
-            model, state, device, arm, objective, seed, learning_rate, preset, identity, data,
+            model, state, device, spec, objective, seed, learning_rate, preset, identity, data,
             result_path, progress, (started, cpu_started), processes,
         )  # fmt: skip
 
@@ -643,7 +649,7 @@ def _evaluate_and_save(
     model: MiniBert,
     state: TrainState,
     device: torch.device,
-    arm: str,
+    arm_spec: Arm,
     objective: str,
     seed: int,
     learning_rate: float,
@@ -657,6 +663,7 @@ def _evaluate_and_save(
 ) -> dict:
     """Evaluate the trained ``model`` (test loss, position and context, probes, learned values)
     and write its results file."""
+    arm = arm_spec.name
     name = run_name(objective, arm, seed)
     config = preset.train_config(objective, seed, learning_rate)
     common = dict(
@@ -712,7 +719,7 @@ def _evaluate_and_save(
         "identity": identity,
         "run": name,
         "arm": arm,
-        "encoding": get_arm(arm).encoding,
+        "encoding": arm_spec.encoding,
         "seed": seed,
         "objective": objective,
         "learning_rate": float(learning_rate),
@@ -844,8 +851,7 @@ def run_comparison(
     )
     seeds = tuple(seeds if seeds is not None else preset.seeds)
     objectives = tuple(objectives or preset.objectives)
-    for arm in arms:
-        get_arm(arm)  # a ValueError lists the valid ones
+    specs = {arm: get_arm(arm) for arm in arms}  # resolved once; a ValueError lists the valid ones
     if not arms or not seeds:
         raise ValueError("a comparison needs at least one arm and one seed")
     for seed in seeds:
@@ -864,16 +870,11 @@ def run_comparison(
                     f"processes that divides {batch}, or use --parallel runs"
                 )
 
-    def trains(objective: str, arm: str) -> bool:
-        # a causal-only encoding (FoX, CoPE) has no masked-LM run: MiniBert's MLM is bidirectional;
-        # an ablation runs only under the objectives its question is about
-        return get_arm(arm).trains(objective)
-
     if budget_seconds is not None and processes is not None:
         raise ValueError("a time budget slices the runs of one process; not under torchrun")
     deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
     sweep, runs = comparison_plan(preset, arms, seeds, objectives)
-    pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
+    pairs = list(dict.fromkeys((o, specs[a].encoding) for o, a, _ in runs))
     main = processes is None or processes.is_main
     runs_mode = processes is not None and processes.mode == "runs"
     show = progress and (main or runs_mode)
@@ -894,7 +895,7 @@ def run_comparison(
         deadline=deadline,
     )  # fmt: skip
     costs: dict[str, list[float]] = {"sweep": [], "runs": []}
-    timing = _timing_rows(out_dir)
+    timing = timing_speeds(out_dir)
 
     def left(done_sweep: int, done_runs: int) -> str:
         minutes = minutes_left(preset, sweep[done_sweep:], runs[done_runs:], costs, timing)
@@ -918,7 +919,7 @@ def run_comparison(
                 )  # fmt: skip
                 if result is not None:
                     swept.append(result)
-                    costs["sweep"].append(_cost(result))
+                    costs["sweep"].append(run_cost(result))
                 elif deadline is not None:
                     break  # out of time: the next call resumes this run from its checkpoint
                 bar.update(1)
@@ -942,13 +943,13 @@ def run_comparison(
             name = run_name(objective, arm, seed)
             bar.set_postfix(run=name, left=left(len(sweep), i), refresh=True)
             result = run_one(
-                arm, objective, preset, seed=seed,
-                learning_rate=rates[objective, get_arm(arm).encoding],
+                specs[arm], objective, preset, seed=seed,
+                learning_rate=rates[objective, specs[arm].encoding],
                 data=needs_data(out_dir / f"{name}.json"), **common,
             )  # fmt: skip
             if result is not None:
                 results.append(result)
-                costs["runs"].append(_cost(result))
+                costs["runs"].append(run_cost(result))
             elif deadline is not None:
                 break  # out of time: the next call resumes this run from its checkpoint
             bar.update(1)
@@ -965,91 +966,6 @@ def run_comparison(
     if main and figures and results and len(results) == len(runs):
         write_report(out_dir, preset)
     return results
-
-
-def comparison_plan(
-    preset: Preset,
-    arms: Sequence[str] | None = None,
-    seeds: Sequence[int] | None = None,
-    objectives: Sequence[str] | None = None,
-) -> tuple[list[tuple[str, str, float, int]], list[tuple[str, str, int]]]:
-    """The comparison's runs in the order they are made: ``(sweep, runs)``.
-
-    ``sweep``: ``(objective, encoding, rate, sweep seed)``, every rate of every (objective,
-    encoding) pair for the first sweep seed, then for the next one (causal pairs first in each:
-    they are the cheap ones); ``runs``: ``(objective, arm, seed)``, seed by seed (so a
-    comparison cut short has whole seeds: seed 0 of every arm under every objective first),
-    objective by objective, arm by arm; a causal-only encoding has no masked-LM run. ``arms``,
-    ``seeds`` and ``objectives`` default to the preset's."""
-    arms = tuple(arms if arms is not None else preset.arm_names())
-    seeds = tuple(seeds if seeds is not None else preset.seeds)
-    objectives = tuple(objectives or preset.objectives)
-    runs = [(o, a, s) for s in seeds for o in objectives for a in arms if get_arm(a).trains(o)]
-    pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
-    sweep = sorted(
-        (
-            (o, e, rate, seed)
-            for seed in preset.sweep_seeds
-            for o, e in pairs
-            for rate in preset.rates(o)
-        ),
-        key=lambda x: (preset.sweep_seeds.index(x[3]), x[0] != "clm"),
-    )
-    return sweep, runs
-
-
-def _cost(result: dict) -> float:
-    """Seconds a finished run took: its training, evaluation and probes."""
-    metrics = result.get("metrics", {})
-    return sum(
-        float(metrics.get(key) or 0.0)
-        for key in ("train_seconds", "evaluation_seconds", "probe_seconds")
-    )
-
-
-def _timing_rows(out_dir: Path) -> dict[tuple[str, str], float]:
-    """``{(objective, arm): tokens per second}`` of ``<out_dir>/timing.json`` (empty if none)."""
-    path = out_dir / "timing.json"
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
-        return {(r["objective"], r["arm"]): float(r["tokens_per_second"]) for r in rows}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
-def minutes_left(
-    preset: Preset,
-    sweep_left: Sequence[tuple[str, str, float, int]],
-    runs_left: Sequence[tuple[str, str, int]],
-    costs: dict[str, list[float]],
-    timing: dict[tuple[str, str], float] | None = None,
-) -> float | None:
-    """An estimate of the minutes the runs left will take: each run at the mean cost of the
-    runs of its stage finished so far (``costs["sweep"]``, ``costs["runs"]``, seconds; a scored
-    run with none yet at the sweep's mean), or else at the training speed of the timing pass
-    (``timing``: ``{(objective, arm): tokens per second}``); None when neither says."""
-    timing = timing or {}
-
-    def from_timing(objective: str, arm: str) -> float | None:
-        speed = timing.get((objective, arm))
-        if not speed:
-            return None
-        config = preset.train_config(objective)
-        return config.steps * config.batch_size * config.seq_len / speed
-
-    def mean(values: list[float]) -> float | None:
-        return sum(values) / len(values) if values else None
-
-    total = 0.0
-    for stage, items in (("sweep", sweep_left), ("runs", runs_left)):
-        for item in items:
-            each = mean(costs.get(stage, [])) or mean(costs.get("sweep", []))
-            if each is None:
-                each = from_timing(item[0], item[1])
-            if each is None:
-                return None
-            total += each
-    return total / 60
 
 
 # ---------------------------------------------------------------------------------------------
