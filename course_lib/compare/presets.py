@@ -3,9 +3,11 @@
 A :class:`Preset` fixes everything that defines a comparison except which runs it makes; a
 :class:`ProbeSpec` fixes one probe (task, examples, seeds, fine-tuning budget). :data:`PRESETS`:
 
-* ``gpu``: the implementation report's model (hidden 384, 6 layers, 6 heads of 64, sequence
-  256), Triton kernels, bf16 autocast, five seeds and every ablation. It has never been run
-  (no GPU was available to the course's authors): its budget is a guess, not a measurement.
+* ``gpu``: the implementation report's width and depth (hidden 384, 6 layers, 6 heads of 64)
+  at sequence 512 (long enough for position to matter), 400 steps of 32 sequences, Triton
+  kernels, bf16 autocast, five seeds and every ablation, a sweep of three rates over two sweep
+  seeds. It has never been run whole: its budget below is an ESTIMATE, made to be run in
+  slices (``--budget-minutes``) on a GPU lent for minutes at a time.
 * ``cpu``: hidden 64, 2 layers, 4 heads of 16, sequence 64, 300 clm / 1000 mlm steps, reference
   attention, one thread per process, a learning rate per encoding from a sweep (four masked,
   five causal rates, the lowest mean over two sweep seeds), five seeds, every ablation under the objective its question is about (retrieval probe on clm runs
@@ -331,8 +333,9 @@ PRESETS: dict[str, Preset] = {
     "gpu": Preset(
         name="gpu",
         description=(
-            "the implementation report's model (hidden 384, 6 layers, 6 heads of 64, sequence "
-            "256) with the Triton kernels in bf16 autocast on one GPU"
+            "the implementation report's width and depth (hidden 384, 6 layers, 6 heads of 64) at "
+            "sequence 512, 400 steps of 32 sequences, with the Triton kernels in bf16 autocast "
+            "on one GPU"
         ),
         device="cuda",
         hidden_size=384,
@@ -340,33 +343,52 @@ PRESETS: dict[str, Preset] = {
         num_heads=6,
         dropout=0.1,
         backend="triton",
+        # The budget, an ESTIMATE (never measured whole on a GPU). What was measured, on one H200
+        # (figures/gpu_check/): the Triton kernels' forward+backward at sequence 1024, batch 16,
+        # 32 heads of 64, bf16 (nvidia_h200.json): 1.3 ms plain softmax, 3.4 rope, 7.2 rse, 6.8
+        # kerple, 330 cope. Per token of this model (6 layers of 6 heads, sequence 512: half the
+        # per-token cost at 1024) that is about 0.25 us for rse, the slowest but one, and 11 us
+        # for cope. The dense layers, about 64 MFLOP per token to train, at an assumed 150
+        # TFLOP/s (not measured), add about 0.4 us. So: about 1M tokens/s for every arm but
+        # cope, about 85k for cope. The short training check (nvidia_h200_training.json:
+        # 47k-307k tokens/s, 60 steps at sequence 256) is dominated by the first compilation
+        # of the kernels (87 s for 13 arms), so it bounds nothing but that one-off cost. A run
+        # trains 400 x 32 x 512 = 6.6M tokens: about 7 s (cope about 77 s), then evaluation
+        # (about 2 s) and the probes (word order 3 x 200 steps, retrieval 2 x 400 on the clm runs;
+        # at an assumed 6 ms a step, 4-8 s). Estimated: seed 0 of every arm under both objectives
+        # (32 runs) about 10 minutes; the sweep (138 runs, training and the selection loss)
+        # about 25 minutes; all five seeds (160 runs) and the sweep about 70 minutes, a fifth of
+        # it cope's 11 runs. --budget-minutes makes it in slices, the sweep first.
         train=TrainConfig(
-            steps=1500,
+            steps=400,
             batch_size=32,
-            seq_len=256,
+            seq_len=512,
             learning_rate=1e-3,
-            warmup_steps=100,
+            warmup_steps=40,
             eval_every=100,
-            eval_windows=128,
+            eval_windows=64,
             eval_batch_size=32,
             log_every=10,
-            checkpoint_every=250,
+            checkpoint_every=100,
             autocast_dtype="bfloat16",
         ),
         probes=(
             ProbeSpec(
-                "word_order", 2048, 512, _probe_config(500, 64, 3e-4), finetune_seeds=(0, 1, 2)
+                "word_order", 2048, 512, _probe_config(200, 64, 3e-4), finetune_seeds=(0, 1, 2)
             ),  # fmt: skip
             ProbeSpec(
                 "retrieval",
-                8192,
+                4096,
                 1024,
-                _probe_config(1500, 64, 3e-4),
+                _probe_config(400, 64, 3e-4),
                 context_len=32,
-                finetune_seeds=(0, 1, 2),
+                objectives=("clm",),
+                finetune_seeds=(0, 1),
             ),  # fmt: skip
         ),
         eval_batch_size=16,
+        eval_windows=512,  # test windows at the training length
+        long_windows=64,  # windows of 8 x 512
         seeds=(0, 1, 2, 3, 4),
         ablations=_ALL_ABLATIONS,
         learning_rates=(5e-4, 1e-3, 2e-3),

@@ -23,10 +23,12 @@ from course_lib.compare.claims import (
     PLATEAU_MARGIN,
     Bound,
     Difference,
+    _arms_of,
     declared_claims,
     evaluation_se,
     judge,
     plateau_arms,
+    report_claims,
     spread_of_called,
     uninformative_probes,
     untested_questions,
@@ -402,7 +404,9 @@ def _plateau_section(results: list[dict]) -> list[str]:
     ]
 
 
-def _objective_table(results: list[dict], objective: str) -> list[str]:
+def _objective_table(
+    results: list[dict], objective: str, missing: dict | None = None, planned: int = 0
+) -> list[str]:
     groups = {k: v for k, v in by_arm(results).items() if k[0] == objective}
     if not groups:
         return []
@@ -433,9 +437,12 @@ def _objective_table(results: list[dict], objective: str) -> list[str]:
     ]
     for (_, arm), runs in groups.items():
         params = runs[0]["metrics"]["parameters"]
+        seeds = ", ".join(str(r["seed"]) for r in runs)
+        if missing and (objective, arm) in missing:
+            seeds += f" ({len(runs)} of {planned} runs)"
         cells = [
             _arm_label(arm),
-            ", ".join(str(r["seed"]) for r in runs),
+            seeds,
             _rate(runs[0]["learning_rate"]),
             f"{params['total']:,} ({params['position_embeddings']:,})",
             _cell(runs, "val_loss"),
@@ -564,7 +571,7 @@ def _learned_section(results: list[dict]) -> list[str]:
     ]
 
 
-def _idle_probe_effect(results: list[dict], verdicts: dict) -> list[str]:
+def _idle_probe_effect(results: list[dict], verdicts: dict, waiting: tuple = ()) -> list[str]:
     """A paragraph on the probes left out as uninformative: which verdicts would differ if their
     claims were kept in the family (the rule was written after the runs were seen)."""
     idle = uninformative_probes(results)
@@ -573,7 +580,7 @@ def _idle_probe_effect(results: list[dict], verdicts: dict) -> list[str]:
     left_out = [
         c
         for c in declared_claims(results)
-        if (c.objective, c.metric) in idle and _testable(results, c)
+        if (c.objective, c.metric) in idle and _testable(results, c) and c not in waiting
     ]
     wider = judge(results, [*verdicts, *left_out])
     changed = [
@@ -693,15 +700,48 @@ def _cost_section(results: list[dict], folder: str | Path | None) -> list[str]:
     return lines + [""]
 
 
+SEEDS_NOT_RUN = "seeds not run yet"
+
+
+def missing_seeds(
+    results: list[dict], planned_seeds: Sequence[int]
+) -> dict[tuple[str, str], tuple[int, ...]]:
+    """``{(objective, arm): seeds of planned_seeds with no run}`` for each (objective, arm) of
+    ``results`` that misses some (a comparison made in slices, not finished yet)."""
+    missing = {}
+    for key, runs in by_arm(results).items():
+        made = {r["seed"] for r in runs}
+        if left := tuple(s for s in planned_seeds if s not in made):
+            missing[key] = left
+    return missing
+
+
 def summary_markdown(
-    results: list[dict], *, sweeps: list[dict] | None = None, folder: str | Path | None = None
+    results: list[dict],
+    *,
+    sweeps: list[dict] | None = None,
+    folder: str | Path | None = None,
+    planned_seeds: Sequence[int] | None = None,
 ) -> str:
     """The comparison's report: what made it, the text, the learning rates, the plateau, one
     table per objective, position against context, the ablations, the learned values, every
     claim of the family with its test, and the cost (``folder``: where the timing pass and the
-    sittings' log are)."""
+    sittings' log are).
+
+    ``planned_seeds`` (the preset's seeds) labels an unfinished comparison: an arm with fewer
+    runs reads "k of n runs", and a declared claim about such an arm is not tested but listed
+    with the reason "seeds not run yet" (the others are tested, Holm's correction over them).
+    When every arm has every planned seed the report is the same as without it."""
     first = results[0]
-    verdicts = judge(results)
+    missing = {} if planned_seeds is None else missing_seeds(results, planned_seeds)
+    planned = 0 if planned_seeds is None else len(planned_seeds)
+    waiting: tuple = ()
+    if missing:
+        family = report_claims(results)
+        waiting = tuple(c for c in family if any((c.objective, a) in missing for a in _arms_of(c)))
+        verdicts = judge(results, [c for c in family if c not in waiting])
+    else:
+        verdicts = judge(results)
     probes = {}
     for r in results:
         for task, probe in r["probes"].items():
@@ -723,6 +763,7 @@ def summary_markdown(
         "",
         describe_runs(results, folder),
         "",
+        *(_unfinished_lines(results, missing, planned, len(waiting)) if missing else []),
         f'Loss: nats per byte token on held-out text. "n/a" past the learned table: it has no '
         f"rows there. Probes (a short seeded fine-tune of a copy of each model; candidates in a "
         f"random order, a tie counts as wrong): {probe_text}",
@@ -732,17 +773,42 @@ def summary_markdown(
         *_plateau_section(results),
     ]
     for objective in OBJECTIVES:
-        lines += _objective_table(results, objective)
+        lines += _objective_table(results, objective, missing, planned)
     lines += ["## Past the training length: position or context", ""]
     for objective in OBJECTIVES:
         lines += _position_context_table(results, objective)
     lines += _ablation_section(verdicts)
     lines += _learned_section(results)
     lines += _claims_section(
-        verdicts, untested_questions(results), _idle_probe_effect(results, verdicts)
+        verdicts,
+        [*untested_questions(results), *((c, SEEDS_NOT_RUN) for c in waiting)],
+        _idle_probe_effect(results, verdicts, waiting),
     )
     lines += _cost_section(results, folder)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _unfinished_lines(results: list[dict], missing: dict, planned: int, waiting: int) -> list[str]:
+    """The paragraph that says a report is of an unfinished comparison."""
+    groups = by_arm(results)
+    made = sum(len(runs) for runs in groups.values())
+    short = "; ".join(
+        f"{objective} {arm}: {len(groups[objective, arm])} of {planned} runs"
+        for objective, arm in missing
+    )
+    return [
+        f"**Unfinished**: {made} of {planned * len(groups)} runs of the arms run so far "
+        f"({short}; the others have all {planned}). "
+        + (
+            f"{waiting} declared claim{'s' if waiting != 1 else ''} about an arm with seeds "
+            f"missing {'are' if waiting != 1 else 'is'} not tested yet ({SEEDS_NOT_RUN}); the "
+            "family tested below is the rest, so its verdicts may change when the runs are "
+            "finished."
+            if waiting
+            else "Every declared claim's arms have all their seeds."
+        ),
+        "",
+    ]
 
 
 def headline_markdown(results: list[dict]) -> str:
