@@ -10,9 +10,9 @@ A :class:`Preset` fixes everything that defines a comparison except which runs i
   slices (``--budget-minutes``) on a GPU lent for minutes at a time.
 * ``cpu``: hidden 64, 2 layers, 4 heads of 16, sequence 64, 300 clm / 1000 mlm steps, reference
   attention, one thread per process, a learning rate per encoding from a sweep (four masked,
-  five causal rates, the lowest mean over two sweep seeds), five seeds, every ablation under the objective its question is about (retrieval probe on clm runs
-  only). Its results are committed in
-  ``figures/compare_cpu/``; ``summary.md`` there says how long they took.
+  five causal rates, the lowest mean over two sweep seeds), five seeds, every ablation under
+  the objective its question is about (retrieval probe on clm runs only). Its results are
+  committed in ``figures/compare_cpu/``; ``summary.md`` there says how long they took.
 * ``tiny``: for tests and live demonstrations (seconds per run), one seed, no ablation, no
   sweep.
 
