@@ -283,13 +283,14 @@ def uninformative_probes(results: list[dict]) -> dict[tuple[str, str], str]:
     }
 
 
-def report_claims(results: list[dict]) -> list[Claim]:
+def report_claims(results: list[dict], *, drop_idle_probes: bool = True) -> list[Claim]:
     """The family: the declared claims of :func:`declared_claims`, each kept when both its arms
     have runs of its objective with the metric, no loss claim on a masked-LM arm that did not
     leave the plateau, and no claim on a probe that measures nothing at this budget
-    (:func:`uninformative_probes`)."""
+    (:func:`uninformative_probes`; ``drop_idle_probes=False`` keeps those, to show what they
+    would change)."""
     groups, stuck = by_arm(results), set(plateau_arms(results))
-    idle = uninformative_probes(results)
+    idle = uninformative_probes(results) if drop_idle_probes else {}
     return [c for c in declared_claims(results) if _why_untested(c, groups, stuck, idle) is None]
 
 

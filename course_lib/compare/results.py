@@ -24,7 +24,6 @@ from course_lib.compare.claims import (
     Bound,
     Difference,
     _arms_of,
-    declared_claims,
     evaluation_se,
     judge,
     plateau_arms,
@@ -34,7 +33,7 @@ from course_lib.compare.claims import (
     untested_questions,
 )
 from course_lib.compare.files import check_result, read_json
-from course_lib.compare.stats import ALPHA, METRICS, MIN_EFFECT, by_arm, metric, spread
+from course_lib.compare.stats import ALPHA, METRICS, MIN_EFFECT, by_arm, spread
 from course_lib.model import OBJECTIVES
 from course_lib.readme_sections import replace_section
 
@@ -579,8 +578,8 @@ def _idle_probe_effect(results: list[dict], verdicts: dict, waiting: tuple = ())
         return []
     left_out = [
         c
-        for c in declared_claims(results)
-        if (c.objective, c.metric) in idle and _testable(results, c) and c not in waiting
+        for c in report_claims(results, drop_idle_probes=False)
+        if (c.objective, c.metric) in idle and c not in waiting
     ]
     wider = judge(results, [*verdicts, *left_out])
     changed = [
@@ -600,19 +599,6 @@ def _idle_probe_effect(results: list[dict], verdicts: dict, waiting: tuple = ())
         ),
         "",
     ]
-
-
-def _testable(results: list[dict], claim) -> bool:
-    """Whether the runs hold claim's metric for its arm(s) (a partial run may not)."""
-    groups = by_arm(results)
-    arms = (claim.a, claim.b) if isinstance(claim, Difference) else (claim.arm,)
-    stuck = set(plateau_arms(results))
-    if claim.objective == "mlm" and METRICS[claim.metric].kind == "loss" and stuck & set(arms):
-        return False
-    return all(
-        any(metric(r, claim.metric) is not None for r in groups.get((claim.objective, a), []))
-        for a in arms
-    )
 
 
 def _claims_section(
