@@ -325,6 +325,7 @@ def train_model(
     progress: bool = True,
     desc: str = "train",
     data_parallel: Processes | None = None,
+    deadline: float | None = None,
 ) -> TrainState:
     """Train ``model`` in place for ``config.steps`` steps on ``config.objective`` batches.
 
@@ -336,7 +337,11 @@ def train_model(
     With ``checkpoint_path``: if the file exists the run resumes from it (its ``meta`` must equal
     ``meta``); a checkpoint is written every ``checkpoint_every`` steps, after the last step and
     when ``stop_after_steps`` is reached (to simulate an interruption; the returned state then has
-    ``finished=False``). After a crash or Ctrl-C the run resumes from the last checkpoint written.
+    ``finished=False``). ``deadline`` (a :func:`time.monotonic` value) stops the training the
+    same way at the first step that ends after it: a checkpoint is written there and the state
+    returned with ``finished=False`` (one process only: under ``data_parallel`` the processes
+    could disagree on the time). After a crash or Ctrl-C the run resumes from the last
+    checkpoint written.
     The resumed run is bit-identical to an uninterrupted one on the same device (RNG states, data
     order and the not-yet-logged losses are restored).
 
@@ -359,6 +364,8 @@ def train_model(
     after a resume. What differs between one process and ``N`` is only the order of float sums
     (each process sums its shard's gradients, then the processes add theirs).
     """
+    if deadline is not None and data_parallel is not None:
+        raise ValueError("a deadline stops one process's training; not with data_parallel")
     device = model_device(model)
     main = data_parallel is None or data_parallel.is_main
     generator = torch.Generator().manual_seed(config.seed)
@@ -449,6 +456,8 @@ def train_model(
                 bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.1e}", refresh=False)
             bar.update(1)
             state.finished = state.step == config.steps
+            if deadline is not None and not state.finished and time.monotonic() >= deadline:
+                stop_at = state.step  # out of time: save here and stop, to resume later
             evaluate_now = state.step % config.eval_every == 0 or state.finished
             save_now = state.step % config.checkpoint_every == 0 or state.step == stop_at
             if evaluate_now or save_now:

@@ -89,11 +89,12 @@ WORD_ORDER = replace(
     probes=(replace(_WORD_ORDER_SPEC, finetune=replace(_WORD_ORDER_SPEC.finetune, steps=600)),),
 )
 POSITIONAL_FOR_WORD_ORDER = ("rope", "exposb")
-# A sweep of two rates, short runs.
+# A sweep of two rates over two sweep seeds, short runs.
 SWEEP = replace(
     LEARNING,
     train=replace(TINY.train, steps=30, warmup_steps=3, eval_every=30, checkpoint_every=30),
     learning_rates=(1e-3, 3e-3),
+    sweep_seeds=(1000, 1001),
     long_windows=2,
     eval_windows=16,
 )
@@ -344,8 +345,15 @@ def test_the_sweep_picks_the_lowest_selection_loss_and_arms_inherit_it(tmp_path)
         out_dir=tmp_path, progress=False, figures=False,
     )  # fmt: skip
     sweeps = compare_runner.sweep_results(tmp_path, SWEEP)
-    assert sorted((s["learning_rate"], s["seed"]) for s in sweeps) == [(1e-3, 1000), (3e-3, 1000)]
-    best = min(sweeps, key=lambda s: s["select"]["loss"])["learning_rate"]
+    assert sorted((s["learning_rate"], s["seed"]) for s in sweeps) == [
+        (1e-3, 1000), (1e-3, 1001), (3e-3, 1000), (3e-3, 1001)
+    ]  # fmt: skip
+    # the rate with the lowest mean over the sweep seeds wins
+    mean = {
+        rate: sum(s["select"]["loss"] for s in sweeps if s["learning_rate"] == rate) / 2
+        for rate in (1e-3, 3e-3)
+    }
+    best = min(mean, key=mean.get)
     assert compare_runner.chosen_learning_rates(tmp_path, SWEEP) == {("clm", "rope"): best}
     assert [(r["arm"], r["learning_rate"]) for r in results] == [
         ("rope", best), ("rope.dynamic", best)
@@ -357,7 +365,7 @@ def test_the_sweep_picks_the_lowest_selection_loss_and_arms_inherit_it(tmp_path)
     test = {tuple(w) for w in segment_windows(splits.test, 41, None).tolist()}
     assert not select & test
     # a sweep run of another configuration does not count: the runs then are not the preset's
-    path = tmp_path / "sweep" / f"clm_rope_lr{best:g}.json"
+    path = tmp_path / "sweep" / f"clm_rope_lr{best:g}_s1001.json"
     saved = json.loads(path.read_text())
     saved["identity"]["train_config"]["steps"] += 1
     path.write_text(json.dumps(saved))
@@ -650,15 +658,19 @@ def test_every_declared_question_is_tested_on_the_committed_results(committed):
     for question in set(questions()) - asked:
         arms = (question.a, question.b) if isinstance(question, Difference) else (question.arm,)
         assert set(arms) & not_run, question
-    # a claim leaves the family only when an arm did not leave the plateau, or when the runs
-    # record its metric as not applicable (the learned table's far targets), and the summary
-    # says which and why
+    # a claim leaves the family only when an arm did not leave the plateau, when the runs
+    # record its metric as not applicable (the learned table's far targets), or when no arm
+    # clears its probe's position-blind floor, and the summary says which and why
     dropped = [q for q in asked if q not in tested]
     untested = dict(untested_questions(committed))
     assert set(dropped) <= set(untested)
     for claim, why in untested.items():
         plateau = claim.objective == "mlm" and "plateau" in why
-        assert plateau or "position table" in why, (claim, why)
+        idle = claim.metric == "retrieval" and "position-blind guess" in why
+        # an ablation asked about retrieval under both objectives; the cpu preset probes
+        # retrieval on its causal runs only
+        unprobed = claim.objective == "mlm" and "no retrieval (not in this preset)" in why
+        assert plateau or idle or unprobed or "position table" in why, (claim, why)
     summary = (COMMITTED / "summary.md").read_text()
     for claim in untested:
         assert claim.describe() in summary.split("Declared but not tested", 1)[1].split("\n")[0]

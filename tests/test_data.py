@@ -561,6 +561,21 @@ def test_comparison_splits_share_no_32_byte_string_with_training():
             assert against.find(gram) == -1, (split, gram)
 
 
+def test_window_documents_count_the_document_ends_before_each_window():
+    # two segments: "ab\ncd\nef" and "gh\nij"; a document ends at each newline
+    text = (b"ab\ncd\nef", b"gh\nij")
+    segments = tuple(torch.tensor(list(t)) for t in text)
+    windows = data.segment_windows(segments, 2, None)
+    documents = data.window_documents(segments, 2, None)
+    assert [bytes(w.tolist()) for w in windows] == [b"ab", b"\nc", b"d\n", b"ef", b"gh", b"\ni"]
+    # the first token's document: a newline belongs to the document it ends
+    assert documents.tolist() == [0, 0, 1, 2, 2, 2]
+    # the same picks as segment_windows when only some windows are kept
+    picked = data.segment_windows(segments, 2, 3)
+    assert [windows.tolist().index(w) for w in picked.tolist()] == [0, 2, 5]
+    assert data.window_documents(segments, 2, 3).tolist() == [0, 1, 2]
+
+
 def test_segment_windows_stay_inside_segments_and_spread():
     segments = (torch.arange(10), torch.arange(100, 103), torch.arange(200, 209))
     windows = data.segment_windows(segments, 4, None)

@@ -320,7 +320,7 @@ def _wait(launch: subprocess.Popen, seconds: float) -> int:
 LONG_RUN = ["--preset", "cpu", "--encodings", "none", "--ablations", "none", "--seeds", "0"]
 LONG_RUN += ["--objectives", "mlm", "--no-figures"]
 FIRST_RATE = PRESETS["cpu"].rates("mlm")[0]
-LONG_CHECKPOINT = Path("checkpoints") / "sweep" / f"mlm_none_lr{FIRST_RATE:g}.pt"
+LONG_CHECKPOINT = Path("checkpoints") / "sweep" / f"mlm_none_lr{FIRST_RATE:g}_s1000.pt"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers in /proc")

@@ -64,6 +64,44 @@ def test_evaluate_lengths_same_tokens_at_every_length():
     assert len(result["position_curve"]) == 512
     curve = torch.tensor(result["position_curve"], dtype=torch.float64)
     assert math.isclose(float(curve.mean()), result["512"]["loss"], abs_tol=1e-4)
+    # chunk buckets group the tokens by their place in the chunk: the same tokens at every
+    # length, so each length's bucket means, weighted by the bucket sizes, give its whole loss
+    sizes = [end - start for start, end in experiment.BUCKETS]
+    for length in experiment.LENGTHS:
+        chunk = result[str(length)]["chunk_buckets"]
+        assert all(b is not None for b in chunk)
+        whole = sum(b * n for b, n in zip(chunk, sizes, strict=True)) / sum(sizes)
+        assert math.isclose(whole, result[str(length)]["loss"], abs_tol=1e-6)
+    # at the chunk's own length, a window's positions are the chunk's
+    assert result["512"]["chunk_buckets"] == result["512"]["buckets"]
+    # windows of 64: the first chunk bucket is the first window of each chunk, read alike
+    assert math.isclose(result["64"]["chunk_buckets"][0], result["512"]["chunk_buckets"][0],
+                        abs_tol=1e-5)  # fmt: skip
+
+
+def test_learned_values_report_kerples_two_numbers_per_head():
+    model = tiny_causal_model("kerple")
+    (layer,) = experiment.learned_values(model)
+    assert set(layer) == {"r1", "r2"} and len(layer["r1"]) == 2
+    assert all(v > 0 for v in layer["r1"] + layer["r2"])
+    assert experiment.learned_values(tiny_causal_model("rope")) == []
+
+
+def test_kerple_check_accepts_the_solution_and_names_the_usual_mistakes(capsys):
+    from course_lib.teaching.kerple_checks import check_kerple_bias
+    from course_lib.teaching.solutions import nb06
+
+    assert check_kerple_bias(nb06.kerple_bias)
+    mistakes = {
+        "the sign": lambda d, r1, r2, v: -nb06.kerple_bias(d, r1, r2, v),
+        "|p_i - p_j|": lambda d, r1, r2, v: nb06.kerple_bias(d.clamp(min=0), r1, r2, v),
+        "swapped": lambda d, r1, r2, v: nb06.kerple_bias(d, r2, r1, v),
+        "shape": lambda d, r1, r2, v: nb06.kerple_bias(d, r1, r2, v).movedim(0, -1),
+    }
+    for hint, wrong in mistakes.items():
+        capsys.readouterr()
+        assert not check_kerple_bias(wrong)
+        assert hint in capsys.readouterr().out
 
 
 def test_summarise_spreads_over_seeds():
@@ -101,15 +139,17 @@ def test_train_config_is_the_preset_with_a_seed():
 
 def test_tiny_run_writes_results_and_weights(tmp_path):
     results = experiment.run_experiment(
-        tmp_path, encodings=("alibi", "absolute"), seeds=(0, 1), steps=2, max_chunks=2,
+        tmp_path, encodings=("alibi", "kerple"), seeds=(0, 1), steps=2, max_chunks=2,
         progress=False,
     )  # fmt: skip
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["seeds"] == [0, 1] and written["eval_chunks"] == 2
     assert [(r["encoding"], r["seed"]) for r in written["runs"]] == [
-        ("alibi", 0), ("absolute", 0), ("alibi", 1), ("absolute", 1),
+        ("alibi", 0), ("kerple", 0), ("alibi", 1), ("kerple", 1),
     ]  # fmt: skip
-    assert set(written["summary"]) == {"alibi", "absolute"}
+    assert set(written["summary"]) == {"alibi", "kerple"}
+    # KERPLE's learned r1, r2 are kept per layer; ALiBi learns no position numbers
+    assert all(("learned" in r) == (r["encoding"] == "kerple") for r in written["runs"])
     for run in written["runs"]:
         for length in experiment.LENGTHS:
             assert math.isfinite(run["lengths"][str(length)]["loss"])
@@ -118,7 +158,7 @@ def test_tiny_run_writes_results_and_weights(tmp_path):
     assert written["summary"]["alibi"]["64"]["loss"]["std"] > 0
     # The saved seed-0 weights reproduce the recorded live check.
     _, val = train_val_split()
-    for encoding in ("alibi", "absolute"):
+    for encoding in ("alibi", "kerple"):
         model = experiment.load_model(tmp_path, encoding)
         saved = next(r["live_check"] for r in results["runs"] if r["encoding"] == encoding)
         live = experiment.live_check(model, val, written["live_chunks"])

@@ -2,23 +2,39 @@
 
 What is checked (Student's t and Holm's correction themselves are tested in
 ``tests/test_student_t.py``): the paired t-test, its interval and the one-sample bound against
-``scipy.stats`` (a test-only dependency); the verdict rule on made-up runs (a small consistent difference is not called, a large
-one is, a huge family makes a moderate one "within noise", noise in the evaluation text
-withdraws a call); and the sign rule's false-positive rate, which the notebook teaches.
+``scipy.stats`` (a test-only dependency); the verdict rule on made-up runs (a small consistent
+difference is not called, a large one is, a huge family makes a moderate one "within noise",
+noise in the evaluation text withdraws a call); the sign rule's false-positive rate, which the
+notebook teaches; the bootstrap of the text's noise by document, accuracy intervals inside
+[0, 1], a probe no arm clears leaving the family, and the sweep's mean over its seeds.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
+import torch
 
-from course_lib.compare.claims import Bound, Change, Difference, judge, plateau_arms
+from course_lib.compare.claims import (
+    Bound,
+    Change,
+    Difference,
+    _bootstrap_se,
+    judge,
+    plateau_arms,
+    report_claims,
+    uninformative_probes,
+    untested_questions,
+)
+from course_lib.compare.results import mean_sweep_loss
 from course_lib.compare.stats import (
     Paired,
     Spread,
     bound_test,
     paired,
+    spread,
 )
 
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -167,3 +183,61 @@ def test_the_sign_rule_calls_a_null_difference_two_in_two_to_the_n():
             tests += Paired(dict(enumerate(d))).p_value < 0.05
         assert signs / trials == pytest.approx(2 * 0.5**n, abs=0.02)
         assert tests / trials == pytest.approx(0.05, abs=0.012)
+
+
+# -- the text's noise by document, bounded intervals, probes that measure nothing ---------------
+
+
+def test_the_bootstrap_resamples_whole_documents():
+    # eight windows in two documents; each document's windows move together
+    values = torch.tensor([1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0], dtype=torch.float64)
+    counts = torch.ones(8, dtype=torch.float64)
+    by_window = _bootstrap_se(values, counts)
+    by_document = _bootstrap_se(values, counts, blocks=[0, 0, 0, 0, 7, 7, 7, 7])
+    # two independent documents of mean 1 and 3: a mean's standard error near 1 / sqrt(2)
+    assert by_document == pytest.approx(1 / math.sqrt(2), rel=0.1)
+    assert by_window == pytest.approx(1 / math.sqrt(8), rel=0.15)
+    # one block per unit is the plain bootstrap, draw for draw
+    assert _bootstrap_se(values, counts, blocks=list(range(8))) == by_window
+
+
+def test_an_accuracy_interval_stays_inside_zero_and_one():
+    runs = [{"seed": s, "probes": {"word_order": {"accuracy": a}}}
+            for s, a in enumerate([1.0, 1.0, 0.6, 1.0, 1.0])]  # fmt: skip
+    plain = Spread({r["seed"]: r["probes"]["word_order"]["accuracy"] for r in runs})
+    assert plain.ci()[1] > 1.0  # the t interval of five accuracies reaches past 1
+    bounded = spread(runs, "word_order")
+    assert bounded.ci() == (plain.ci()[0], 1.0) and bounded.mean == plain.mean
+    assert bound_test({0: 0.0, 1: 0.2, 2: 0.0}, 0.5, "below", (0.0, 1.0)).ci()[0] == 0.0
+
+
+def _probe_run(arm, seed, accuracy, floor=0.25):
+    run = _run(arm, seed, 2.0 + 0.1 * (arm == "b"))
+    run["probes"] = {
+        "retrieval": {
+            "accuracy": accuracy,
+            "bag_of_symbols_baseline": floor,
+            "unit_correct": [accuracy * 4],
+            "unit_count": [4],
+        }
+    }
+    return run
+
+
+def test_a_probe_no_arm_clears_leaves_the_family_with_its_reason():
+    low = [_probe_run(arm, s, 0.15 + 0.01 * s) for arm in ("none", "rope") for s in range(5)]
+    idle = uninformative_probes(low)
+    assert list(idle) == [("clm", "retrieval")] and "0.250" in idle["clm", "retrieval"]
+    family = report_claims(low)
+    assert family and not any(c.metric == "retrieval" for c in family)
+    untested = dict(untested_questions(low))
+    assert any(c.metric == "retrieval" for c in untested)
+    # one arm above the floor: the probe measures something, and its claims are tested
+    high = low[:5] + [_probe_run("rope", s, 0.5) for s in range(5)]
+    assert uninformative_probes(high) == {}
+    assert any(c.metric == "retrieval" for c in report_claims(high))
+
+
+def test_the_sweep_chooses_by_the_mean_over_its_seeds_and_a_diverged_run_never_wins():
+    assert mean_sweep_loss({1000: 2.0, 1001: 2.2}, (1000, 1001)) == pytest.approx(2.1)
+    assert mean_sweep_loss({1000: 1.0, 1001: math.nan}, (1000, 1001)) == math.inf

@@ -159,3 +159,41 @@ def test_the_stick_row_check_accepts_the_solutions_and_names_a_reversed_stick(ca
     reversed_stick = lambda z: nb05.stick_loop(z.flip(0)).flip(0)  # noqa: E731
     assert not stick_checks.check_stick_row("reversed", reversed_stick)
     assert "you broke the stick from key 0" in capsys.readouterr().out
+
+
+# -- notebook 06: the live cell re-scores the committed seed-0 models ----------------------------
+
+COMMITTED_06 = REPO / "figures" / "06_verdict_margins.json"
+
+
+def test_notebook_06s_live_verdicts_keep_three_spreads_in_every_setting_measured():
+    from course_lib.teaching import score_bias_experiment as experiment
+
+    report = json.loads(COMMITTED_06.read_text())
+    assert report["function"] == "course_lib.teaching.score_bias_experiment:live_values"
+    assert {(s["capability"], s["threads"]) for s in report["settings"]} >= {
+        ("DEFAULT", 1), ("DEFAULT", 2), ("AVX2", 1), ("AVX2", 2),
+    }  # fmt: skip
+    assert set(report["verdicts"]) == {v.label for v in experiment.VERDICTS}
+    for label, entry in report["verdicts"].items():
+        assert entry["holds_everywhere"], label
+        assert entry["margin"] >= vm.MARGIN_FACTOR, (label, entry["margin"])
+
+
+def test_notebook_06s_printed_live_losses_sit_three_spreads_from_a_rounding_boundary():
+    """The cell prints each live loss to LIVE_DIGITS decimals: a value within a few spreads of
+    a half-step (2.175 at 2 decimals) could print differently on another CPU."""
+    from course_lib.teaching import score_bias_experiment as experiment
+
+    report = json.loads(COMMITTED_06.read_text())
+    step = 10.0**-experiment.LIVE_DIGITS
+    checked = 0
+    for name, entry in report["spreads"].items():
+        if "_live" not in name:
+            continue
+        values = [x for s in report["settings"] for x in vm.values_of([s], name, "0")]
+        boundary = (math.floor(values[0] / step) + 0.5) * step
+        assert vm.margin_in_spreads(values, boundary, entry["spread"], log=False) >= 3, name
+        assert len({round(v, experiment.LIVE_DIGITS) for v in values}) == 1, name
+        checked += 1
+    assert checked == 4 * len(experiment.LENGTHS)

@@ -12,8 +12,10 @@ over seeds. One idea per module:
 - :mod:`~course_lib.compare.presets`: the presets as data (:data:`PRESETS`: ``gpu``, ``cpu``,
   ``tiny``), :class:`Preset`, :class:`ProbeSpec`, :func:`choose_preset`;
 - :mod:`~course_lib.compare.arms`: what one model of the comparison is, and the ablations;
-- :mod:`~course_lib.compare.runner`: :func:`run_one` and :func:`run_comparison` (resumable),
-  :func:`preset_results`, :func:`write_report`;
+- :mod:`~course_lib.compare.plan`: the runs of a comparison in the order they are made, and an
+  estimate of the minutes those left take;
+- :mod:`~course_lib.compare.runner`: :func:`run_one` and :func:`run_comparison` (resumable, and
+  in slices of a time budget), :func:`preset_results`, :func:`write_report`;
 - :mod:`~course_lib.compare.stats`: spread over seeds, paired differences and their verdicts;
 - :mod:`~course_lib.compare.results`: where results live, :func:`load_results`,
   :func:`summary_markdown`, README's headline;

@@ -56,6 +56,7 @@ from course_lib.compare.stats import (
     by_arm,
     holm,
     metric,
+    metric_blocks,
     metric_units,
     paired,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "report_claims",
     "untested_questions",
     "spread_of_called",
+    "uninformative_probes",
 ]
 
 #: An MLM arm left the unigram plateau when every seed's test loss is this far below it (nats).
@@ -255,36 +257,70 @@ def declared_claims(results: list[dict]) -> tuple[Claim, ...]:
     return tuple(c for c in declared if set(_arms_of(c)) <= run)
 
 
-def report_claims(results: list[dict]) -> list[Claim]:
+def uninformative_probes(results: list[dict]) -> dict[tuple[str, str], str]:
+    """``{(objective, probe): why}`` for each probe with a position-blind floor (retrieval's
+    bag-of-symbols guess) that no arm's mean accuracy clears: the probe then does not measure
+    what positions add at this budget, and its claims would only make Holm's correction
+    stricter for the others. (This rule was written after the committed runs were seen: every
+    arm sat below the floor; the summary says which verdicts it changes.)"""
+    floors: dict[tuple[str, str], float] = {}
+    best: dict[tuple[str, str], float] = {}
+    for (objective, _arm), runs in by_arm(results).items():
+        for task, probe in runs[0].get("probes", {}).items():
+            if "bag_of_symbols_baseline" not in probe:
+                continue
+            key = (objective, task)
+            floors[key] = probe["bag_of_symbols_baseline"]
+            mean = statistics.fmean(r["probes"][task]["accuracy"] for r in runs)
+            best[key] = max(best.get(key, -1.0), mean)
+    return {
+        key: (
+            f"no arm's mean clears the position-blind guess ({floors[key]:.3f}; best "
+            f"{best[key]:.3f}): at this budget the probe does not measure position"
+        )
+        for key in floors
+        if best[key] <= floors[key]
+    }
+
+
+def report_claims(results: list[dict], *, drop_idle_probes: bool = True) -> list[Claim]:
     """The family: the declared claims of :func:`declared_claims`, each kept when both its arms
-    have runs of its objective with the metric, and no loss claim on a masked-LM arm that did
-    not leave the plateau."""
+    have runs of its objective with the metric, no loss claim on a masked-LM arm that did not
+    leave the plateau, and no claim on a probe that measures nothing at this budget
+    (:func:`uninformative_probes`; ``drop_idle_probes=False`` keeps those, to show what they
+    would change)."""
     groups, stuck = by_arm(results), set(plateau_arms(results))
-    return [c for c in declared_claims(results) if _why_untested(c, groups, stuck) is None]
+    idle = uninformative_probes(results) if drop_idle_probes else {}
+    return [c for c in declared_claims(results) if _why_untested(c, groups, stuck, idle) is None]
 
 
 def untested_questions(results: list[dict]) -> list[tuple[Claim, str]]:
     """The declared questions (:func:`questions`) about arms that were run
     (:func:`declared_claims`) that :func:`report_claims` leaves out, each with why: a masked-LM
     arm that did not leave the plateau (loss claims), an arm with no runs of the claim's
-    objective (a partial run), a metric the runs record as not applicable (the learned table has no rows
-    past the training length, so its far targets cannot be read), or a metric the preset does
-    not measure. The summary lists them, so a declared question never vanishes silently (the
-    committed results' test allows only the plateau and the not-applicable reasons)."""
+    objective (a partial run), a metric the runs record as not applicable (the learned table has
+    no rows past the training length, so its far targets cannot be read), a probe no arm clears
+    (:func:`uninformative_probes`), or a metric the preset does not measure. The ablations'
+    claims are listed too. The summary lists them, so a declared claim never vanishes
+    silently."""
     groups, stuck = by_arm(results), set(plateau_arms(results))
-    asked = set(questions())
+    idle = uninformative_probes(results)
     return [
         (claim, why)
         for claim in declared_claims(results)
-        if claim in asked and (why := _why_untested(claim, groups, stuck)) is not None
+        if (why := _why_untested(claim, groups, stuck, idle)) is not None
     ]
 
 
-def _why_untested(claim: Claim, groups: dict, stuck: set) -> str | None:
+def _why_untested(
+    claim: Claim, groups: dict, stuck: set, idle: dict[tuple[str, str], str]
+) -> str | None:
     """Why ``claim`` cannot be tested on these runs (None: it can)."""
     arms = _arms_of(claim)
     if claim.objective == "mlm" and METRICS[claim.metric].kind == "loss" and stuck & set(arms):
         return "an arm did not leave the unigram plateau"
+    if (claim.objective, claim.metric) in idle:
+        return idle[claim.objective, claim.metric]
     for arm in arms:
         runs = groups.get((claim.objective, arm), ())
         if not runs:  # a partial run (--encodings, --seeds ...)
@@ -337,16 +373,34 @@ def _units_matrix(
     return torch.tensor(rows, dtype=torch.float64), torch.tensor(counts, dtype=torch.float64)
 
 
-def _bootstrap_se(values: torch.Tensor, counts: torch.Tensor, seed: int = 0) -> float:
+def _bootstrap_se(
+    values: torch.Tensor, counts: torch.Tensor, blocks: list[int] | None = None, seed: int = 0
+) -> float:
     """Standard error of ``sum(values) / sum(counts)`` over units (``[U]`` each), by
-    :data:`BOOTSTRAP_RESAMPLES` resamples of the units with replacement (seeded)."""
+    :data:`BOOTSTRAP_RESAMPLES` resamples with replacement (seeded): of the units, or, with
+    ``blocks`` (the block of each unit: its document), of whole blocks, each drawn block
+    bringing all its units (a block bootstrap: windows of one document are not independent)."""
     generator = torch.Generator().manual_seed(seed)
-    units = values.shape[0]
-    picks = torch.randint(0, units, (BOOTSTRAP_RESAMPLES, units), generator=generator)
-    weights = torch.zeros(BOOTSTRAP_RESAMPLES, units, dtype=torch.float64)
-    weights.scatter_add_(1, picks, torch.ones_like(picks, dtype=torch.float64))
+    if blocks is None:
+        block_of = torch.arange(values.shape[0])
+    else:
+        block_of = torch.unique(torch.tensor(blocks), return_inverse=True)[1]
+    n_blocks = int(block_of.max()) + 1
+    picks = torch.randint(0, n_blocks, (BOOTSTRAP_RESAMPLES, n_blocks), generator=generator)
+    drawn = torch.zeros(BOOTSTRAP_RESAMPLES, n_blocks, dtype=torch.float64)
+    drawn.scatter_add_(1, picks, torch.ones_like(picks, dtype=torch.float64))
+    weights = drawn[:, block_of]  # [resamples, units]: how often each unit's block was drawn
     estimates = (weights @ values) / (weights @ counts)
     return float(estimates.std())
+
+
+def _blocks(runs: list[dict], name: str) -> list[int] | None:
+    """The block of each unit of metric ``name``, the same in every run (None if any run does
+    not record it, or the runs disagree)."""
+    found = [metric_blocks(r, name) for r in runs]
+    if not found or any(b is None or b != found[0] for b in found):
+        return None
+    return found[0]
 
 
 def evaluation_se(results: list[dict], claim: Claim) -> float | None:
@@ -365,13 +419,20 @@ def evaluation_se(results: list[dict], claim: Claim) -> float | None:
         if not torch.equal(left[1], right[1]):
             return None
         values, counts = (left[0] - right[0]).mean(0), left[1]
+        runs = groups[claim.objective, claim.a] + groups[claim.objective, claim.b]
     else:
         runs = groups[claim.objective, claim.arm]
         units = _units_matrix(runs, claim.metric, sorted(r["seed"] for r in runs))
         if units is None:
             return None
         values, counts = units[0].mean(0), units[1]
-    return _bootstrap_se(values, counts)
+    blocks = _blocks(runs, claim.metric)
+    if blocks is not None and len(blocks) != values.shape[0]:
+        raise ValueError(
+            f"{claim.describe()}: the runs record {len(blocks)} documents for "
+            f"{values.shape[0]} evaluation units"
+        )
+    return _bootstrap_se(values, counts, blocks)
 
 
 def _values(results: list[dict], claim: Claim) -> dict[int, float]:
@@ -392,7 +453,7 @@ def _test(results: list[dict], claim: Claim) -> tuple[float, tuple[float, float]
     if isinstance(claim, Change):  # the values are within-run differences: test them against 0
         test = Paired(values)
         return test.mean, test.ci(), test.p_value, test.n
-    bound = bound_test(values, claim.value, claim.side)
+    bound = bound_test(values, claim.value, claim.side, METRICS[claim.metric].bounds)
     return bound.mean, bound.ci(), bound.p_value, len(values)
 
 

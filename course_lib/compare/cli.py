@@ -6,6 +6,10 @@ commas (``--encodings rope,rse``); encodings are checked against
 Run it again after an interruption (or after ``--stop-after-steps``) and it resumes. Each call
 that trains appends one record to ``<out>/sessions.json`` (when it started, how long it ran, how
 many processes, the machine's load), so the report can say how long the committed run took.
+``--budget-minutes M`` makes one slice of the comparison: the runs in their fixed order (the
+sweep's runs, sweep seed by sweep seed, then seed 0 of every arm under every objective, then seed
+1, ...) until M minutes have passed; a run still training then stops at a checkpoint, and the
+next call with the same options goes on from there. It commits nothing.
 ``--timing`` measures training speed in a separate pass (``timing.json``); ``--report`` only
 redraws the report from what is saved.
 
@@ -31,8 +35,21 @@ from pathlib import Path
 from course_lib.compare.arms import ABLATIONS, get_arm
 from course_lib.compare.files import ComparisonFileError, check_output_folder
 from course_lib.compare.presets import PRESETS, choose_preset
-from course_lib.compare.results import default_out_dir, headline_markdown, update_readme_headline
-from course_lib.compare.runner import preset_results, run_comparison, timing_pass, write_report
+from course_lib.compare.results import (
+    default_out_dir,
+    headline_markdown,
+    run_name,
+    sweep_name,
+    update_readme_headline,
+)
+from course_lib.compare.runner import (
+    comparison_plan,
+    preset_results,
+    run_comparison,
+    sweep_results,
+    timing_pass,
+    write_report,
+)
 from course_lib.distributed import (
     DEFAULT_TIMEOUT_SECONDS,
     MODES,
@@ -207,6 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(simulates an interruption; run again without it to resume)",
     )
     parser.add_argument(
+        "--budget-minutes",
+        type=_seconds,
+        metavar="M",
+        help="make the next runs of the fixed order (sweep seed by sweep seed, then seed 0 of "
+        "every arm under every objective, then seed 1, ...) for about M minutes: no run starts "
+        "after that, a run still training stops at a checkpoint, and the same command run again "
+        "goes on from there (one process only)",
+    )
+    parser.add_argument(
         "--parallel",
         choices=MODES,
         help="under torchrun with several processes: 'data' (default) trains each run with all "
@@ -234,7 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             written = write_report(out_dir, preset)
         except ComparisonFileError as error:
-            parser.exit(2, f"{parser.prog}: error: {error}\n")
+            if not sweep_results(out_dir, preset):
+                parser.exit(2, f"{parser.prog}: error: {error}\n")
+            # a comparison made in slices that has not reached a scored run yet
+            print(f"no scored run yet in {out_dir}: {_slice_note(preset, args, Path(out_dir))}")
+            return 0
         for path in written:
             print(f"wrote {path}")
         saved = preset_results(out_dir, preset)
@@ -258,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {Path(out_dir) / 'timing.json'}")
         return 0
     _check_some_run(parser, args, preset)
+    if args.budget_minutes is not None and launched():
+        parser.error("--budget-minutes slices the runs of one process; launch without torchrun")
     processes = None
     if launched():
         processes = start(preset.device, args.parallel or "data", args.dist_timeout)
@@ -287,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             threads=args.threads,
             stop_after_steps=args.stop_after_steps,
             processes=processes,
+            budget_seconds=None if args.budget_minutes is None else args.budget_minutes * 60,
         )
     except BaseException as error:
         if processes is None or processes.is_main:
@@ -302,9 +335,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     _log_session(out_dir, started, load_at_start, processes, f"{len(results)} runs finished")
     print(f"{len(results)} finished run(s) in {out_dir} ({elapsed / 60:.1f} min this call)")
+    if args.budget_minutes is not None:
+        print(_slice_note(preset, args, out_dir))
     if results:
         print(headline_markdown(results))
     return 0
+
+
+def _slice_note(preset, args: argparse.Namespace, out_dir: Path) -> str:
+    """What a call with ``--budget-minutes`` leaves: how many of the sweep's and of the scored
+    runs have their results file, and what to do next."""
+    arms = (
+        *(args.encodings or preset.encoding_names()),
+        *(a for a in (args.ablations or preset.ablations) if a != "none"),
+    )
+    sweep, runs = comparison_plan(preset, arms, args.seeds, args.objectives)
+    swept = sum((out_dir / "sweep" / f"{sweep_name(*item)}.json").exists() for item in sweep)
+    made = sum((out_dir / f"{run_name(*item)}.json").exists() for item in runs)
+    left = len(sweep) - swept + len(runs) - made
+    return f"sweep: {swept} of {len(sweep)} runs; comparison: {made} of {len(runs)} runs; " + (
+        "all made" if not left else "run the comparison again to go on"
+    )
 
 
 def _load_average() -> float | None:

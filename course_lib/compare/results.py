@@ -12,7 +12,9 @@ runs that exist; :func:`summary_markdown` writes the report (``summary.md``) and
 from __future__ import annotations
 
 import json
+import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from course_lib.compare.arms import ABLATIONS, arm_names
@@ -21,10 +23,13 @@ from course_lib.compare.claims import (
     PLATEAU_MARGIN,
     Bound,
     Difference,
+    _arms_of,
     evaluation_se,
     judge,
     plateau_arms,
+    report_claims,
     spread_of_called,
+    uninformative_probes,
     untested_questions,
 )
 from course_lib.compare.files import check_result, read_json
@@ -44,9 +49,11 @@ __all__ = [
     "headline_markdown",
     "load_results",
     "load_sessions",
+    "mean_sweep_loss",
     "run_name",
     "summary_markdown",
     "sweep_name",
+    "sweep_table",
     "update_readme_headline",
 ]
 
@@ -64,9 +71,29 @@ def run_name(objective: str, arm: str, seed: int = 0) -> str:
     return f"{objective}_{arm}_s{seed}"
 
 
-def sweep_name(objective: str, encoding: str, learning_rate: float) -> str:
-    """``<objective>_<encoding>_lr<rate>``: the stem of a sweep run's files."""
-    return f"{objective}_{encoding}_lr{learning_rate:g}"
+def sweep_name(objective: str, encoding: str, learning_rate: float, seed: int) -> str:
+    """``<objective>_<encoding>_lr<rate>_s<seed>``: the stem of a sweep run's files."""
+    return f"{objective}_{encoding}_lr{learning_rate:g}_s{seed}"
+
+
+def sweep_table(sweeps: list[dict]) -> dict[tuple[str, str], dict[float, dict[int, float]]]:
+    """``{(objective, encoding): {rate: {sweep seed: selection loss}}}`` of saved sweep runs."""
+    table: dict[tuple[str, str], dict[float, dict[int, float]]] = {}
+    for r in sweeps:
+        pair = (r["objective"], r["encoding"])
+        table.setdefault(pair, {}).setdefault(r["learning_rate"], {})[r["seed"]] = r["select"][
+            "loss"
+        ]
+    return table
+
+
+def mean_sweep_loss(losses: dict[int, float], seeds: Sequence[int]) -> float:
+    """The mean selection loss of one rate over ``seeds`` (``losses``: seed -> loss); infinite
+    when a run diverged (its loss is not finite), so that the rate is never chosen."""
+    values = [losses[seed] for seed in seeds]
+    if not all(math.isfinite(v) for v in values):
+        return math.inf
+    return sum(values) / len(values)
 
 
 def hardware_label(hardware: dict) -> str:
@@ -177,6 +204,18 @@ def _probes_of(runs: list[dict]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+def preset_description(results: list[dict]) -> str:
+    """The description of the preset the runs belong to: the preset's own, as it reads now
+    (runs made before a change of wording that leaves their identity alone, such as a wider
+    sweep grid for other encodings, still belong to it), or the one the first run recorded
+    when the preset is not one of :data:`~course_lib.compare.presets.PRESETS`."""
+    from course_lib.compare.presets import PRESETS  # presets imports this module
+
+    first = results[0]
+    preset = PRESETS.get(first["preset"])
+    return preset.description if preset is not None else first["preset_description"]
+
+
 def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
     """One paragraph: the model, the hardware, the seeds, and what the runs cost (with the
     sittings logged in ``folder``)."""
@@ -186,7 +225,7 @@ def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
     train_cpu = sum(r["metrics"]["train_cpu_seconds"] for r in results)
     loads = [x for r in results if (x := r["metrics"].get("cpu_load_average_1min")) is not None]
     text = (
-        f"Model: {first['preset_description']}. Hardware: {hardware_label(first['hardware'])}. "
+        f"Model: {preset_description(results)}. Hardware: {hardware_label(first['hardware'])}. "
         f"Seeds: {', '.join(map(str, seeds))} (each seeds the initialisation and the order of "
         "the training data; probe examples, masks and evaluation text are the same for every "
         f"run). The {len(results)} runs took {cpu / 60:.1f} CPU-minutes (process time; "
@@ -219,7 +258,8 @@ def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
                 else ", the sweep included"
             )
             + ": on an idle machine with two processes it would be about the CPU time over "
-            f"two ({total_cpu / 120:.0f} min)."
+            f"two ({total_cpu / 120:.0f} min, the learning-rate sweep's "
+            f"{(total_cpu - cpu) / 60:.1f} CPU-minutes included)."
         )
     return text
 
@@ -231,6 +271,19 @@ def _sweep_cpu(folder: str | Path | None) -> float:
     for path in (Path(folder) / "sweep").glob("*.json"):
         total += json.loads(path.read_text(encoding="utf-8"))["metrics"]["cpu_seconds_this_segment"]
     return total
+
+
+def _bootstrap_unit_text(results: list[dict]) -> str:
+    """What the bootstrap of the text's noise resamples: the test text's documents when every
+    run records them, else its windows."""
+    documents = [r.get("data", {}).get("test_window_documents") for r in results]
+    if all(d is not None for d in documents):
+        count = len(set(documents[0]))
+        return (
+            f"a block bootstrap over the {count} documents of the test text, each drawn with all "
+            "its windows, since windows of one document are not independent"
+        )
+    return "a bootstrap over windows: these runs do not record their windows' documents"
 
 
 def _data_section(results: list[dict], verdicts: dict) -> list[str]:
@@ -260,7 +313,9 @@ def _data_section(results: list[dict], verdicts: dict) -> list[str]:
         f"{data['long_windows']} windows of {data['long_window_length']} bytes. Unigram "
         f"entropy of the training text: {data['unigram_entropy_nats']:.3f} nats per byte.",
         "",
-        f"The test text's own noise (bootstrap over windows, {BOOTSTRAP_RESAMPLES} resamples): "
+        "The test text's own noise ("
+        + _bootstrap_unit_text(results)
+        + f", {BOOTSTRAP_RESAMPLES} resamples): "
         "standard error of one arm's test loss "
         + ", ".join(f"{o} {min(v):.3f} to {max(v):.3f}" for o, v in se.items() if v)
         + " nats; of the called estimates below, at most "
@@ -274,20 +329,27 @@ def _data_section(results: list[dict], verdicts: dict) -> list[str]:
 def _sweep_section(results: list[dict], sweeps: list[dict]) -> list[str]:
     if not sweeps:
         return []
-    table: dict[tuple[str, str], dict[float, float]] = {}
-    for s in sweeps:
-        table.setdefault((s["objective"], s["encoding"]), {})[s["learning_rate"]] = s["select"][
-            "loss"
-        ]
+    table = sweep_table(sweeps)
+    seeds = sorted({s["seed"] for s in sweeps})
     rates = sorted({rate for row in table.values() for rate in row})
     chosen = {(r["objective"], r["encoding"]): r["learning_rate"] for r in results}
+    several = len(seeds) > 1
     lines = [
         "## Learning rates",
         "",
-        f"Each encoding trained once per rate at seed {sweeps[0]['seed']} (a seed the report "
-        "does not score), scored on the selection split; the rate with the lowest loss (bold) "
-        "trains every seed of the encoding and of its ablations. A rate at the edge of its "
-        "objective's grid is marked: the best rate may lie beyond it.",
+        (
+            f"Each encoding trained once per rate and seed {', '.join(map(str, seeds))} (seeds "
+            "the report does not score), scored on the selection split; each cell is the mean "
+            "loss over those seeds (the seeds' own losses in brackets), and the rate with the "
+            "lowest mean (bold) trains every seed of the encoding and of its ablations: one "
+            "sweep seed's luck does not choose the rate alone."
+            if several
+            else f"Each encoding trained once per rate at seed {seeds[0]} (a seed the report "
+            "does not score), scored on the selection split; the rate with the lowest loss "
+            "(bold) trains every seed of the encoding and of its ablations."
+        )
+        + " A rate at the edge of its objective's grid is marked: the best rate may lie beyond "
+        "it.",
         "",
         "| objective | encoding | " + " | ".join(f"lr {_rate(x)}" for x in rates) + " | chosen |",
         "|---|---|" + "---|" * (len(rates) + 1),
@@ -299,9 +361,16 @@ def _sweep_section(results: list[dict], sweeps: list[dict]) -> list[str]:
         pick = chosen.get((objective, encoding))
         cells = []
         for rate in rates:
-            loss = row.get(rate)
-            text = "n/a" if loss is None else f"{loss:.3f}"
-            cells.append(f"**{text}**" if rate == pick else text)
+            losses = row.get(rate)
+            if not losses or any(seed not in losses for seed in seeds):
+                cells.append("n/a")
+                continue
+            mean = mean_sweep_loss(losses, seeds)
+            text = f"{mean:.3f}" if math.isfinite(mean) else "diverged"
+            text = f"**{text}**" if rate == pick else text
+            if several:
+                text += " (" + " / ".join(f"{losses[seed]:.3f}" for seed in seeds) + ")"
+            cells.append(text)
         edge = pick is not None and pick in (min(row), max(row))
         pick_text = "n/a" if pick is None else _rate(pick) + (" (edge)" if edge else "")
         lines.append(f"| {objective} | {encoding} | " + " | ".join(cells) + f" | {pick_text} |")
@@ -334,7 +403,9 @@ def _plateau_section(results: list[dict]) -> list[str]:
     ]
 
 
-def _objective_table(results: list[dict], objective: str) -> list[str]:
+def _objective_table(
+    results: list[dict], objective: str, missing: dict | None = None, planned: int = 0
+) -> list[str]:
     groups = {k: v for k, v in by_arm(results).items() if k[0] == objective}
     if not groups:
         return []
@@ -365,9 +436,12 @@ def _objective_table(results: list[dict], objective: str) -> list[str]:
     ]
     for (_, arm), runs in groups.items():
         params = runs[0]["metrics"]["parameters"]
+        seeds = ", ".join(str(r["seed"]) for r in runs)
+        if missing and (objective, arm) in missing:
+            seeds += f" ({len(runs)} of {planned} runs)"
         cells = [
             _arm_label(arm),
-            ", ".join(str(r["seed"]) for r in runs),
+            seeds,
             _rate(runs[0]["learning_rate"]),
             f"{params['total']:,} ({params['position_embeddings']:,})",
             _cell(runs, "val_loss"),
@@ -473,7 +547,9 @@ def _learned_section(results: list[dict]) -> list[str]:
                     f"{statistics.fmean(v):.3g} [{min(v):.3g}, {max(v):.3g}]" for v in per_head
                 )
                 reach = runs[0].get("reachable_values", {}).get(layer, {}).get(name)
-                reach_text = "fixed" if reach is None else f"{reach[0]:.2g} to {reach[1]:.3g}"
+                reach_text = (
+                    "not computed" if reach is None else f"{reach[0]:.2g} to {reach[1]:.3g}"
+                )
                 lines.append(f"| {objective} | {arm} | {name} | {layer} | {heads} | {reach_text} |")
     if not lines:
         return []
@@ -484,7 +560,8 @@ def _learned_section(results: list[dict]) -> list[str]:
         "and the stick bias at -3; *reachable*: how far the optimiser could have moved them in "
         "the run (each stored parameter moved by at most the sum of the learning rates, "
         "`course_lib.encodings.rse.RSEAttention.reachable_values`), so a learned value inside "
-        "that range is a choice of the training, not a limit of the parametrisation.",
+        "that range is a choice of the training, not a limit of the parametrisation (*not "
+        "computed*: the encoding does not report that range).",
         "",
         "| objective | arm | value | layer | per head | reachable |",
         "|---|---|---|---|---|---|",
@@ -493,17 +570,52 @@ def _learned_section(results: list[dict]) -> list[str]:
     ]
 
 
-def _claims_section(verdicts: dict, untested: list | None = None) -> list[str]:
+def _idle_probe_effect(results: list[dict], verdicts: dict, waiting: tuple = ()) -> list[str]:
+    """A paragraph on the probes left out as uninformative: which verdicts would differ if their
+    claims were kept in the family (the rule was written after the runs were seen)."""
+    idle = uninformative_probes(results)
+    if not idle:
+        return []
+    left_out = [
+        c
+        for c in report_claims(results, drop_idle_probes=False)
+        if (c.objective, c.metric) in idle and c not in waiting
+    ]
+    wider = judge(results, [*verdicts, *left_out])
+    changed = [
+        f"{claim.describe()}: {wider[claim].verdict} instead of {verdict.verdict}"
+        for claim, verdict in verdicts.items()
+        if claim in wider and wider[claim].verdict != verdict.verdict
+    ]
+    probes = ", ".join(f"{task.replace('_', ' ')} ({objective})" for objective, task in idle)
+    return [
+        f"Left out after the runs were seen: the claims on {probes}, a probe no arm cleared "
+        f"(the reason is listed above). With them kept in the family ({len(wider)} claims "
+        f"instead of {len(verdicts)}), "
+        + (
+            "every verdict below would be the same."
+            if not changed
+            else f"these verdicts would differ: {'; '.join(changed)}."
+        ),
+        "",
+    ]
+
+
+def _claims_section(
+    verdicts: dict, untested: list | None = None, idle_effect: list[str] | None = None
+) -> list[str]:
     rows = []
     for claim, v in verdicts.items():
         kind = type(claim).__name__.lower()
         rows.append(f"| {kind} | {claim.describe()} | " + " | ".join(_verdict_row(v)) + " |")
     summary = spread_of_called(verdicts)
-    left_out = [f"{claim.describe()} ({why})" for claim, why in untested or []]
+    reasons: dict[str, list[str]] = {}
+    for claim, why in untested or []:
+        reasons.setdefault(why, []).append(claim.describe())
+    left_out = [f"{why}: " + "; ".join(claims) for why, claims in reasons.items()]
+    count = sum(len(claims) for claims in reasons.values())
     untested_line = (
-        [f"Declared but not tested ({len(left_out)}): " + "; ".join(left_out) + ".", ""]
-        if left_out
-        else []
+        [f"Declared but not tested ({count}): " + ". ".join(left_out) + ".", ""] if left_out else []
     )
     return [
         "## Every claim",
@@ -520,6 +632,7 @@ def _claims_section(verdicts: dict, untested: list | None = None) -> list[str]:
         f"{summary['claims']} are called.",
         "",
         *untested_line,
+        *(idle_effect or []),
         "| kind | claim | estimate [95% interval] | p | Holm p | text s.e. | verdict |",
         "|---|---|---|---|---|---|---|",
         *rows,
@@ -573,15 +686,48 @@ def _cost_section(results: list[dict], folder: str | Path | None) -> list[str]:
     return lines + [""]
 
 
+SEEDS_NOT_RUN = "seeds not run yet"
+
+
+def missing_seeds(
+    results: list[dict], planned_seeds: Sequence[int]
+) -> dict[tuple[str, str], tuple[int, ...]]:
+    """``{(objective, arm): seeds of planned_seeds with no run}`` for each (objective, arm) of
+    ``results`` that misses some (a comparison made in slices, not finished yet)."""
+    missing = {}
+    for key, runs in by_arm(results).items():
+        made = {r["seed"] for r in runs}
+        if left := tuple(s for s in planned_seeds if s not in made):
+            missing[key] = left
+    return missing
+
+
 def summary_markdown(
-    results: list[dict], *, sweeps: list[dict] | None = None, folder: str | Path | None = None
+    results: list[dict],
+    *,
+    sweeps: list[dict] | None = None,
+    folder: str | Path | None = None,
+    planned_seeds: Sequence[int] | None = None,
 ) -> str:
     """The comparison's report: what made it, the text, the learning rates, the plateau, one
     table per objective, position against context, the ablations, the learned values, every
     claim of the family with its test, and the cost (``folder``: where the timing pass and the
-    sittings' log are)."""
+    sittings' log are).
+
+    ``planned_seeds`` (the preset's seeds) labels an unfinished comparison: an arm with fewer
+    runs reads "k of n runs", and a declared claim about such an arm is not tested but listed
+    with the reason "seeds not run yet" (the others are tested, Holm's correction over them).
+    When every arm has every planned seed the report is the same as without it."""
     first = results[0]
-    verdicts = judge(results)
+    missing = {} if planned_seeds is None else missing_seeds(results, planned_seeds)
+    planned = 0 if planned_seeds is None else len(planned_seeds)
+    waiting: tuple = ()
+    if missing:
+        family = report_claims(results)
+        waiting = tuple(c for c in family if any((c.objective, a) in missing for a in _arms_of(c)))
+        verdicts = judge(results, [c for c in family if c not in waiting])
+    else:
+        verdicts = judge(results)
     probes = {}
     for r in results:
         for task, probe in r["probes"].items():
@@ -603,6 +749,7 @@ def summary_markdown(
         "",
         describe_runs(results, folder),
         "",
+        *(_unfinished_lines(results, missing, planned, len(waiting)) if missing else []),
         f'Loss: nats per byte token on held-out text. "n/a" past the learned table: it has no '
         f"rows there. Probes (a short seeded fine-tune of a copy of each model; candidates in a "
         f"random order, a tie counts as wrong): {probe_text}",
@@ -612,15 +759,42 @@ def summary_markdown(
         *_plateau_section(results),
     ]
     for objective in OBJECTIVES:
-        lines += _objective_table(results, objective)
+        lines += _objective_table(results, objective, missing, planned)
     lines += ["## Past the training length: position or context", ""]
     for objective in OBJECTIVES:
         lines += _position_context_table(results, objective)
     lines += _ablation_section(verdicts)
     lines += _learned_section(results)
-    lines += _claims_section(verdicts, untested_questions(results))
+    lines += _claims_section(
+        verdicts,
+        [*untested_questions(results), *((c, SEEDS_NOT_RUN) for c in waiting)],
+        _idle_probe_effect(results, verdicts, waiting),
+    )
     lines += _cost_section(results, folder)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _unfinished_lines(results: list[dict], missing: dict, planned: int, waiting: int) -> list[str]:
+    """The paragraph that says a report is of an unfinished comparison."""
+    groups = by_arm(results)
+    made = sum(len(runs) for runs in groups.values())
+    short = "; ".join(
+        f"{objective} {arm}: {len(groups[objective, arm])} of {planned} runs"
+        for objective, arm in missing
+    )
+    return [
+        f"**Unfinished**: {made} of {planned * len(groups)} runs of the arms run so far "
+        f"({short}; the others have all {planned}). "
+        + (
+            f"{waiting} declared claim{'s' if waiting != 1 else ''} about an arm with seeds "
+            f"missing {'are' if waiting != 1 else 'is'} not tested yet ({SEEDS_NOT_RUN}); the "
+            "family tested below is the rest, so its verdicts may change when the runs are "
+            "finished."
+            if waiting
+            else "Every declared claim's arms have all their seeds."
+        ),
+        "",
+    ]
 
 
 def headline_markdown(results: list[dict]) -> str:
@@ -670,4 +844,4 @@ def update_readme_headline(results: list[dict], readme: str | Path | None = None
 
 def first_line(results: list[dict]) -> str:
     first = results[0]
-    return f"The `{first['preset']}` preset: {first['preset_description']}."
+    return f"The `{first['preset']}` preset: {preset_description(results)}."

@@ -2,10 +2,11 @@
 
 A comparison of a preset with a learning-rate grid (``Preset.rates(objective)``) has two stages:
 
-1. **The sweep** (:func:`run_sweep_one`): every encoding trained once per rate of the grid with
-   the seed ``Preset.sweep_seed`` (never a seed the report scores) and scored on the
+1. **The sweep** (:func:`run_sweep_one`): every encoding trained once per rate of the grid and
+   seed of ``Preset.sweep_seeds`` (never a seed the report scores) and scored on the
    **selection** split only. :func:`chosen_learning_rates` picks, per (objective, encoding),
-   the rate with the lowest selection loss; an ablation trains with its encoding's rate.
+   the rate with the lowest mean selection loss over the sweep seeds; an ablation trains with
+   its encoding's rate.
 2. **The runs** (:func:`run_one`): each (arm, objective, seed) trained at its chosen rate
    (:func:`course_lib.train.train_model`), then scored on the **test** split:
 
@@ -23,10 +24,12 @@ A comparison of a preset with a learning-rate grid (``Preset.rates(objective)``)
      that may be busy: :func:`timing_pass` measures speed on its own).
 
 Each run writes ``<out_dir>/<objective>_<arm>_s<seed>.json`` (the sweep:
-``<out_dir>/sweep/<objective>_<encoding>_lr<rate>.json``) and keeps a checkpoint in
+``<out_dir>/sweep/<objective>_<encoding>_lr<rate>_s<seed>.json``) and keeps a checkpoint in
 ``<checkpoint_dir>/`` (model, optimiser, step, RNG states; the default checkpoint folder ignores
 itself in git). An interrupted comparison resumes where it stopped, mid-run too; a finished run
-is skipped unless ``force=True``. :func:`run_comparison` makes both stages, then
+is skipped unless ``force=True``. :func:`run_comparison` makes both stages in the order of
+:func:`course_lib.compare.plan.comparison_plan` (``budget_seconds``: as many as fit, resumed by
+the next call), then
 :func:`write_report` writes the figures (:mod:`course_lib.compare.figures`) and ``summary.md``.
 
 Both take ``processes`` (:class:`course_lib.distributed.Processes`, from ``torchrun``; None by
@@ -51,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib.compare.arms import get_arm
+from course_lib.compare.arms import Arm, get_arm
 from course_lib.compare.files import (
     RESULT_KEYS,
     ComparisonFileError,
@@ -59,15 +62,18 @@ from course_lib.compare.files import (
     no_runs_message,
     read_json,
 )
+from course_lib.compare.plan import comparison_plan, minutes_left, run_cost, timing_speeds
 from course_lib.compare.presets import Preset, choose_preset
 from course_lib.compare.results import (
     LOG_FILES,
     default_out_dir,
     hardware_label,
     load_results,
+    mean_sweep_loss,
     run_name,
     summary_markdown,
     sweep_name,
+    sweep_table,
 )
 from course_lib.data import (
     ProbeBatch,
@@ -75,6 +81,7 @@ from course_lib.data import (
     corpus_source,
     segment_windows,
     unigram_entropy,
+    window_documents,
 )
 from course_lib.distributed import Processes, tensor_fingerprint
 from course_lib.evaluate import heldout_loss, peak_memory, shift_and_context_losses
@@ -83,7 +90,9 @@ from course_lib.train import TrainState, learning_rate_sum, probe_finetune, trai
 
 __all__ = [
     "chosen_learning_rates",
+    "comparison_plan",
     "hardware_description",
+    "minutes_left",
     "preset_results",
     "retrieval_bag_baseline",
     "run_comparison",
@@ -162,6 +171,11 @@ class _Data:
         self.long = segment_windows(
             self.splits.test, preset.long_multiple * length + 1, preset.long_windows
         )
+        # the document of each test window: the report bootstraps the text's noise by document
+        self.test_documents = window_documents(self.splits.test, length + 1, preset.eval_windows)
+        self.long_documents = window_documents(
+            self.splits.test, preset.long_multiple * length + 1, preset.long_windows
+        )
         self.source = corpus_source()
         self.unigram_entropy = unigram_entropy(self.train)
 
@@ -174,6 +188,8 @@ class _Data:
             "test_windows": int(self.test.shape[0]),
             "long_windows": int(self.long.shape[0]),
             "long_window_length": int(self.long.shape[1] - 1),
+            "test_window_documents": self.test_documents.tolist(),
+            "long_window_documents": self.long_documents.tolist(),
         }
 
 
@@ -273,6 +289,7 @@ def run_sweep_one(
     learning_rate: float,
     preset: Preset | str = "auto",
     *,
+    seed: int | None = None,
     out_dir: str | Path | None = None,
     checkpoint_dir: str | Path | None = None,
     force: bool = False,
@@ -281,21 +298,29 @@ def run_sweep_one(
     threads: int | None = None,
     data: _Data | None = None,
     processes: Processes | None = None,
+    deadline: float | None = None,
 ) -> dict | None:
-    """Train ``encoding`` for ``objective`` at ``learning_rate`` with the preset's sweep seed
-    and score it on the selection split (:func:`course_lib.evaluate.heldout_loss`); write and
-    return ``<out_dir>/sweep/<objective>_<encoding>_lr<rate>.json`` (reused when it exists and
-    matches; ``None`` when stopped by ``stop_after_steps``). ``processes`` as in
-    :func:`run_one`."""
+    """Train ``encoding`` for ``objective`` at ``learning_rate`` with ``seed`` (one of the
+    preset's ``sweep_seeds``; default the first) and score it on the selection split
+    (:func:`course_lib.evaluate.heldout_loss`); write and return
+    ``<out_dir>/sweep/<objective>_<encoding>_lr<rate>_s<seed>.json`` (reused when it exists and
+    matches; ``None`` when stopped by ``stop_after_steps`` or ``deadline``). ``processes`` and
+    ``deadline`` as in :func:`run_one`."""
     get_arm(encoding)
     _check_objective(objective)
     preset = choose_preset(preset) if isinstance(preset, str) else preset
+    seed = preset.sweep_seeds[0] if seed is None else seed
+    if seed not in preset.sweep_seeds:
+        raise ValueError(
+            f"seed {seed} is not a sweep seed of preset {preset.name!r} "
+            f"(its sweep seeds: {', '.join(map(str, preset.sweep_seeds))})"
+        )
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(preset.name)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out_dir / "checkpoints"
-    name = sweep_name(objective, encoding, learning_rate)
+    name = sweep_name(objective, encoding, learning_rate, seed)
     result_path = out_dir / "sweep" / f"{name}.json"
     checkpoint_path = checkpoint_dir / "sweep" / f"{name}.pt"
-    identity = preset.sweep_identity(encoding, objective, learning_rate)
+    identity = preset.sweep_identity(encoding, objective, learning_rate, seed)
     team = processes if processes is not None and processes.mode == "data" else None
 
     def saved() -> dict | None:
@@ -309,7 +334,7 @@ def run_sweep_one(
     if found is not None:
         return found
     data = data or _Data(preset)
-    config = preset.train_config(objective, preset.sweep_seed, learning_rate)
+    config = preset.train_config(objective, seed, learning_rate)
     with _torch_threads(threads if threads is not None else _threads(preset)):
         started, cpu_started = time.perf_counter(), time.process_time()
         torch.manual_seed(config.seed)
@@ -318,7 +343,7 @@ def run_sweep_one(
         state = train_model(
             model, data.train, data.curve, config, checkpoint_path=checkpoint_path,
             meta=identity, stop_after_steps=stop_after_steps, progress=progress,
-            desc=f"{name} sweep", data_parallel=team,
+            desc=f"{name} sweep", data_parallel=team, deadline=deadline,
         )  # fmt: skip
         if not state.finished:
             return None
@@ -374,8 +399,10 @@ def _belongs(sweep: dict, preset: Preset) -> bool:
     try:
         if sweep["learning_rate"] not in preset.rates(sweep["objective"]):
             return False
+        if sweep["seed"] not in preset.sweep_seeds:
+            return False
         expected = preset.sweep_identity(
-            sweep["encoding"], sweep["objective"], sweep["learning_rate"]
+            sweep["encoding"], sweep["objective"], sweep["learning_rate"], sweep["seed"]
         )
     except (KeyError, ValueError):
         return False
@@ -389,24 +416,22 @@ def chosen_learning_rates(
     sweeps: list[dict] | None = None,
 ) -> dict[tuple[str, str], float]:
     """``{(objective, encoding): rate}``: for each pair, the rate of ``preset.rates(objective)``
-    whose sweep run has the lowest selection loss (a run that diverged, with a non-finite loss,
-    never wins; on a tie the smaller rate). ``pairs`` default to every pair with sweep runs.
-    Without a grid every pair gets ``train.learning_rate``. Raises FileNotFoundError naming the
-    sweep runs that are missing."""
+    whose sweep runs have the lowest mean selection loss over ``preset.sweep_seeds``
+    (:func:`sweep_table`; a rate with a diverged run, a non-finite loss, never wins; on a tie
+    the smaller rate). ``pairs`` default to every pair with sweep runs. Without a grid every
+    pair gets ``train.learning_rate``. Raises FileNotFoundError naming the sweep runs that are
+    missing."""
     preset = choose_preset(preset) if isinstance(preset, str) else preset
     found = sweeps if sweeps is not None else sweep_results(out_dir, preset)
-    table: dict[tuple[str, str], dict[float, float]] = {}
-    for r in found:
-        table.setdefault((r["objective"], r["encoding"]), {})[r["learning_rate"]] = r["select"][
-            "loss"
-        ]
+    table = sweep_table(found)
     if pairs is None:
         pairs = sorted(table)
     missing = [
-        sweep_name(o, e, rate)
+        sweep_name(o, e, rate, seed)
         for o, e in pairs
         for rate in preset.rates(o)
-        if rate not in table.get((o, e), {})
+        for seed in preset.sweep_seeds
+        if seed not in table.get((o, e), {}).get(rate, {})
     ]
     if missing:
         raise FileNotFoundError(
@@ -418,11 +443,13 @@ def chosen_learning_rates(
         if not preset.rates(pair[0]):
             chosen[pair] = preset.train.learning_rate
             continue
-        grid = preset.rates(pair[0])
-        losses = {rate: loss for rate, loss in table[pair].items() if rate in grid}
-        finite = [(loss, rate) for rate, loss in losses.items() if math.isfinite(loss)]
+        means = {
+            rate: mean_sweep_loss(table[pair][rate], preset.sweep_seeds)
+            for rate in preset.rates(pair[0])
+        }
+        finite = [(loss, rate) for rate, loss in means.items() if math.isfinite(loss)]
         if not finite:
-            raise ValueError(f"every sweep run of {pair} diverged: {losses}")
+            raise ValueError(f"every rate of {pair} has a diverged sweep run: {means}")
         chosen[pair] = min(finite)[1]
     return chosen
 
@@ -437,7 +464,7 @@ def _threads(preset: Preset) -> int | None:
 
 
 def run_one(
-    arm: str,
+    arm: str | Arm,
     objective: str,
     preset: Preset | str = "auto",
     *,
@@ -451,10 +478,12 @@ def run_one(
     threads: int | None = None,
     data: _Data | None = None,
     processes: Processes | None = None,
+    deadline: float | None = None,
 ) -> dict | None:
     """Train and evaluate one (arm, objective, seed) run; return its results dict.
 
-    ``arm`` is an encoding's name or an ablation's (:mod:`course_lib.compare.arms`); ``seed``
+    ``arm`` is an encoding's name or an ablation's, or its :class:`~course_lib.compare.arms.Arm`
+    (:mod:`course_lib.compare.arms`; resolved once and carried through); ``seed``
     seeds the model's initialisation and the order of its training data (probe examples and
     evaluation text are the same for every seed). ``learning_rate`` defaults to the one the
     preset's sweep chose for the arm's encoding (:func:`chosen_learning_rates`, read from
@@ -463,7 +492,9 @@ def run_one(
     (``force=True`` recomputes, deleting the old checkpoint first). Resumes from
     ``<checkpoint_dir>/<objective>_<arm>_s<seed>.pt`` if present. With ``stop_after_steps`` the
     training stops there (simulating an interruption), the checkpoint is kept and ``None`` is
-    returned; call again without it to finish. On CPU the run uses ``threads`` (default: the
+    returned; call again without it to finish. ``deadline`` (a :func:`time.monotonic` value; one
+    process only) stops the training the same way at the first step that ends after it (a run
+    whose training is finished is evaluated, however late). On CPU the run uses ``threads`` (default: the
     preset's ``cpu_threads``) torch threads, restored afterwards: the thread count changes the
     order of floating-point sums, so a resumed run must use the same count to match exactly.
 
@@ -475,7 +506,8 @@ def run_one(
     ``"runs"`` mode this process makes the run alone, as without ``processes``; its
     ``hardware`` record says how many processes shared the machine(s).
     """
-    spec = get_arm(arm)  # validates the name: a ValueError lists the valid ones
+    spec = arm if isinstance(arm, Arm) else get_arm(arm)  # a ValueError lists the valid ones
+    arm = spec.name
     _check_objective(objective)
     _check_seed(seed)
     preset = choose_preset(preset) if isinstance(preset, str) else preset
@@ -504,13 +536,13 @@ def run_one(
     threads = threads if threads is not None else _threads(preset)
     with _torch_threads(threads if preset.device == "cpu" else None):
         return _train_and_evaluate(
-            arm, objective, seed, learning_rate, preset, identity, data, result_path,
-            checkpoint_path, progress, stop_after_steps, processes,
+            spec, objective, seed, learning_rate, preset, identity, data, result_path,
+            checkpoint_path, progress, stop_after_steps, processes, deadline,
         )  # fmt: skip
 
 
 def _train_and_evaluate(
-    arm: str,
+    spec: Arm,
     objective: str,
     seed: int,
     learning_rate: float,
@@ -522,7 +554,9 @@ def _train_and_evaluate(
     progress: bool,
     stop_after_steps: int | None,
     processes: Processes | None = None,
+    deadline: float | None = None,
 ) -> dict | None:
+    arm = spec.name
     name = run_name(objective, arm, seed)
     team = processes if processes is not None and processes.mode == "data" else None
     device = torch.device(preset.device) if team is None else team.device
@@ -543,13 +577,14 @@ def _train_and_evaluate(
         progress=progress,
         desc=f"{name} train",
         data_parallel=team,
+        deadline=deadline,
     )
     if not state.finished:
         return None
 
     def evaluate() -> dict:
         return _evaluate_and_save(
-            model, state, device, arm, objective, seed, learning_rate, preset, identity, data,
+            model, state, device, spec, objective, seed, learning_rate, preset, identity, data,
             result_path, progress, (started, cpu_started), processes,
         )  # fmt: skip
 
@@ -614,7 +649,7 @@ def _evaluate_and_save(
     model: MiniBert,
     state: TrainState,
     device: torch.device,
-    arm: str,
+    arm_spec: Arm,
     objective: str,
     seed: int,
     learning_rate: float,
@@ -628,6 +663,7 @@ def _evaluate_and_save(
 ) -> dict:
     """Evaluate the trained ``model`` (test loss, position and context, probes, learned values)
     and write its results file."""
+    arm = arm_spec.name
     name = run_name(objective, arm, seed)
     config = preset.train_config(objective, seed, learning_rate)
     common = dict(
@@ -683,7 +719,7 @@ def _evaluate_and_save(
         "identity": identity,
         "run": name,
         "arm": arm,
-        "encoding": get_arm(arm).encoding,
+        "encoding": arm_spec.encoding,
         "seed": seed,
         "objective": objective,
         "learning_rate": float(learning_rate),
@@ -775,6 +811,7 @@ def run_comparison(
     threads: int | None = None,
     stop_after_steps: int | None = None,
     processes: Processes | None = None,
+    budget_seconds: float | None = None,
 ) -> list[dict]:
     """Every (seed, objective, arm) run of ``preset``; returns the results of the finished ones.
 
@@ -792,6 +829,13 @@ def run_comparison(
     folder adds it to the report instead of replacing it. ``threads`` overrides the preset's
     CPU thread count.
 
+    ``budget_seconds`` (one process only) makes one slice of the comparison: the runs go in the
+    order of :func:`comparison_plan` (the sweep seed by seed, then the scored runs seed by seed)
+    until the budget is spent; no run starts after it, and a run whose training is still going
+    then stops at a checkpoint (written there) and resumes from it at the next call, which goes
+    on where this one stopped. A run whose training finished in time is evaluated and saved
+    whole. The progress bars show an estimate of the minutes left (:func:`minutes_left`).
+
     With ``processes`` (every process of a ``torchrun`` launch calls this with the same
     arguments): in ``"data"`` mode the runs go in the same order, each trained by all processes
     together (:func:`run_one`); in ``"runs"`` mode each process takes the next run of the list
@@ -807,8 +851,7 @@ def run_comparison(
     )
     seeds = tuple(seeds if seeds is not None else preset.seeds)
     objectives = tuple(objectives or preset.objectives)
-    for arm in arms:
-        get_arm(arm)  # a ValueError lists the valid ones
+    specs = {arm: get_arm(arm) for arm in arms}  # resolved once; a ValueError lists the valid ones
     if not arms or not seeds:
         raise ValueError("a comparison needs at least one arm and one seed")
     for seed in seeds:
@@ -827,17 +870,11 @@ def run_comparison(
                     f"processes that divides {batch}, or use --parallel runs"
                 )
 
-    def trains(objective: str, arm: str) -> bool:
-        # a causal-only encoding (FoX, CoPE) has no masked-LM run: MiniBert's MLM is bidirectional;
-        # an ablation runs only under the objectives its question is about
-        return get_arm(arm).trains(objective)
-
-    runs = [(o, a, s) for s in seeds for o in objectives for a in arms if trains(o, a)]
-    pairs = list(dict.fromkeys((o, get_arm(a).encoding) for o, a, _ in runs))
-    # the sweep's causal runs first: they are the cheap ones
-    sweep = sorted(
-        ((o, e, rate) for o, e in pairs for rate in preset.rates(o)), key=lambda x: x[0] != "clm"
-    )
+    if budget_seconds is not None and processes is not None:
+        raise ValueError("a time budget slices the runs of one process; not under torchrun")
+    deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
+    sweep, runs = comparison_plan(preset, arms, seeds, objectives)
+    pairs = list(dict.fromkeys((o, specs[a].encoding) for o, a, _ in runs))
     main = processes is None or processes.is_main
     runs_mode = processes is not None and processes.mode == "runs"
     show = progress and (main or runs_mode)
@@ -855,20 +892,36 @@ def run_comparison(
     common = dict(
         out_dir=out_dir, checkpoint_dir=checkpoint_dir, force=force, progress=show,
         stop_after_steps=stop_after_steps, threads=threads, processes=processes,
+        deadline=deadline,
     )  # fmt: skip
+    costs: dict[str, list[float]] = {"sweep": [], "runs": []}
+    timing = timing_speeds(out_dir)
+
+    def left(done_sweep: int, done_runs: int) -> str:
+        minutes = minutes_left(preset, sweep[done_sweep:], runs[done_runs:], costs, timing)
+        return "?" if minutes is None else f"~{minutes:.0f} min"
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
     swept: list[dict] = []
     if sweep:
         bar = tqdm(total=len(sweep), desc=f"{preset.name} sweep{rank_note}", disable=not show)
         try:
-            for objective, encoding, rate in _mine(processes, sweep, "sweep"):
-                name = sweep_name(objective, encoding, rate)
-                bar.set_postfix(run=name, refresh=True)
+            for i, (objective, encoding, rate, seed) in enumerate(_mine(processes, sweep, "sweep")):
+                if out_of_time():
+                    break
+                name = sweep_name(objective, encoding, rate, seed)
+                bar.set_postfix(run=name, left=left(i, 0), refresh=True)
                 result = run_sweep_one(
-                    encoding, objective, rate, preset,
+                    encoding, objective, rate, preset, seed=seed,
                     data=needs_data(out_dir / "sweep" / f"{name}.json"), **common,
                 )  # fmt: skip
                 if result is not None:
                     swept.append(result)
+                    costs["sweep"].append(run_cost(result))
+                elif deadline is not None:
+                    break  # out of time: the next call resumes this run from its checkpoint
                 bar.update(1)
         finally:
             bar.close()
@@ -884,16 +937,21 @@ def run_comparison(
     results: list[dict] = []
     bar = tqdm(total=len(runs), desc=f"{preset.name} comparison{rank_note}", disable=not show)
     try:
-        for objective, arm, seed in _mine(processes, runs, "runs"):
+        for i, (objective, arm, seed) in enumerate(_mine(processes, runs, "runs")):
+            if out_of_time():
+                break
             name = run_name(objective, arm, seed)
-            bar.set_postfix(run=name, refresh=True)
+            bar.set_postfix(run=name, left=left(len(sweep), i), refresh=True)
             result = run_one(
-                arm, objective, preset, seed=seed,
-                learning_rate=rates[objective, get_arm(arm).encoding],
+                specs[arm], objective, preset, seed=seed,
+                learning_rate=rates[objective, specs[arm].encoding],
                 data=needs_data(out_dir / f"{name}.json"), **common,
             )  # fmt: skip
             if result is not None:
                 results.append(result)
+                costs["runs"].append(run_cost(result))
+            elif deadline is not None:
+                break  # out of time: the next call resumes this run from its checkpoint
             bar.update(1)
     finally:
         bar.close()
@@ -1017,7 +1075,12 @@ def write_report(out_dir: str | Path, preset: Preset | str) -> list[Path]:
     written = write_figures(saved, out_dir)
     summary = out_dir / "summary.md"
     summary.write_text(
-        summary_markdown(saved, sweeps=sweep_results(out_dir, preset), folder=out_dir),
+        summary_markdown(
+            saved,
+            sweeps=sweep_results(out_dir, preset),
+            folder=out_dir,
+            planned_seeds=preset.seeds,
+        ),
         encoding="utf-8",
     )
     return [*written, summary]

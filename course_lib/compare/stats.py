@@ -56,6 +56,7 @@ __all__ = [
     "by_arm",
     "holm",
     "metric",
+    "metric_blocks",
     "metric_units",
     "paired",
     "regularized_incomplete_beta",
@@ -84,7 +85,9 @@ class Metric:
     none), its ``kind`` (``"loss"``, ``"accuracy"`` or ``"other"``: which minimum effect a
     verdict needs), a ``label`` for tables and the ``digits`` it is printed with. ``units``
     (when the value is a mean over evaluation units: windows of text, probe pairs) returns
-    ``(sums, counts)`` per unit, so the evaluation set's own noise can be bootstrapped."""
+    ``(sums, counts)`` per unit, so the evaluation set's own noise can be bootstrapped;
+    ``blocks`` (text metrics) returns the document of each unit (windows of one document are
+    resampled together; None: the units are independent, as generated probe examples are)."""
 
     name: str
     label: str
@@ -92,6 +95,13 @@ class Metric:
     read: Callable[[dict], float | None]
     units: Callable[[dict], tuple[list[float], list[float]] | None] | None = None
     digits: int = 3
+    blocks: Callable[[dict], list[int] | None] | None = None
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The values the metric can take: an accuracy lies in [0, 1]; a loss is not bounded
+        above (its interval is left as it is)."""
+        return (0.0, 1.0) if self.kind == "accuracy" else (-math.inf, math.inf)
 
 
 def _evaluation(name: str) -> Callable[[dict], float | None]:
@@ -110,6 +120,20 @@ def _evaluation_units(name: str) -> Callable[[dict], tuple[list[float], list[flo
         return entry["unit_sums"], entry["unit_counts"]
 
     return read
+
+
+def _documents(field: str) -> Callable[[dict], list[int] | None]:
+    """The document of each window of a run's test text (``data[field]``; None when the run
+    does not record it)."""
+
+    def read(result: dict) -> list[int] | None:
+        return result.get("data", {}).get(field)
+
+    return read
+
+
+_TEST_DOCUMENTS = _documents("test_window_documents")
+_LONG_DOCUMENTS = _documents("long_window_documents")
 
 
 def _rise(name: str, base: str) -> Callable[[dict], float | None]:
@@ -161,7 +185,14 @@ def _learned(name: str, pick: Callable[[list[float]], float]) -> Callable[[dict]
 
 def _metrics() -> dict[str, Metric]:
     metrics = [
-        Metric("val_loss", "test loss", "loss", _evaluation("val"), _evaluation_units("val")),
+        Metric(
+            "val_loss",
+            "test loss",
+            "loss",
+            _evaluation("val"),
+            _evaluation_units("val"),
+            blocks=_TEST_DOCUMENTS,
+        ),
         Metric(
             "bpb",
             "bits per byte",
@@ -224,16 +255,18 @@ def _metrics() -> dict[str, Metric]:
                     "loss",
                     _evaluation(name),
                     _evaluation_units(name),
+                    blocks=_LONG_DOCUMENTS,
                 )  # fmt: skip
             )
         metrics.append(
             Metric(f"shift_cost{tag}", f"cost of shifting the targets to {multiple}L", "loss",
-                   _rise(f"shift{tag}", f"near{tag}"), _rise_units(f"shift{tag}", f"near{tag}"))
+                   _rise(f"shift{tag}", f"near{tag}"), _rise_units(f"shift{tag}", f"near{tag}"),
+                   blocks=_LONG_DOCUMENTS)
         )  # fmt: skip
         metrics.append(
             Metric(f"context_gain{tag}", f"long context minus shifted, targets at {multiple}L",
                    "loss", _rise(f"long{tag}", f"shift{tag}"),
-                   _rise_units(f"long{tag}", f"shift{tag}"))
+                   _rise_units(f"long{tag}", f"shift{tag}"), blocks=_LONG_DOCUMENTS)
         )  # fmt: skip
     for k in range(4):
         metrics.append(
@@ -243,6 +276,7 @@ def _metrics() -> dict[str, Metric]:
                 "loss",
                 _evaluation(f"bucket{k}"),
                 _evaluation_units(f"bucket{k}"),
+                blocks=_LONG_DOCUMENTS,
             )  # fmt: skip
         )
     return {m.name: m for m in metrics}
@@ -267,6 +301,13 @@ def metric_units(result: dict, name: str) -> tuple[list[float], list[float]] | N
     """``(sums, counts)`` per evaluation unit of metric ``name`` (None when it has none)."""
     units = _get(name).units
     return None if units is None else units(result)
+
+
+def metric_blocks(result: dict, name: str) -> list[int] | None:
+    """The block (document) of each evaluation unit of metric ``name``: units of one block are
+    resampled together; None when the units are independent or the run does not record them."""
+    blocks = _get(name).blocks
+    return None if blocks is None else blocks(result)
 
 
 def by_arm(results: list[dict]) -> dict[tuple[str, str], list[dict]]:
@@ -296,9 +337,12 @@ def _t_interval(values: Sequence[float], level: float) -> tuple[float, float]:
 @dataclass(frozen=True)
 class Spread:
     """A metric over seeds: ``values`` ``{seed: value}``, their mean, sample standard deviation
-    (0 for one seed), standard error, 95% t interval of the mean, minimum and maximum."""
+    (0 for one seed), standard error, 95% t interval of the mean, minimum and maximum. The
+    interval is cut to ``bounds``, the values the mean can take (an accuracy's [0, 1]): the true
+    mean lies inside them, so the cut interval covers it exactly as often as the t interval."""
 
     values: dict[int, float]
+    bounds: tuple[float, float] = (-math.inf, math.inf)
 
     @property
     def n(self) -> int:
@@ -317,8 +361,10 @@ class Spread:
         return self.sd / math.sqrt(self.n)
 
     def ci(self, level: float = 0.95) -> tuple[float, float]:
-        """The ``level`` t interval of the mean over seeds (infinite for one seed)."""
-        return _t_interval(list(self.values.values()), level)
+        """The ``level`` t interval of the mean over seeds (infinite for one seed), cut to
+        ``bounds``."""
+        lo, hi = _t_interval(list(self.values.values()), level)
+        return (max(lo, self.bounds[0]), min(hi, self.bounds[1]))
 
     @property
     def low(self) -> float:
@@ -345,7 +391,7 @@ class Spread:
 def spread(runs: list[dict], name: str) -> Spread | None:
     """Metric ``name`` over the seeds of ``runs`` (one arm); None if no run has it."""
     values = {r["seed"]: v for r in runs if (v := metric(r, name)) is not None}
-    return Spread(values) if values else None
+    return Spread(values, _get(name).bounds) if values else None
 
 
 def _t_test(values: Sequence[float], null: float) -> tuple[float, float]:
@@ -430,10 +476,11 @@ class OneSample:
     values: dict[int, float]
     threshold: float
     side: str
+    bounds: tuple[float, float] = (-math.inf, math.inf)
 
     @property
     def spread(self) -> Spread:
-        return Spread(self.values)
+        return Spread(self.values, self.bounds)
 
     @property
     def mean(self) -> float:
@@ -449,10 +496,16 @@ class OneSample:
         return p / 2.0 if toward else 1.0 - p / 2.0
 
 
-def bound_test(values: dict[int, float], threshold: float, side: str) -> OneSample:
-    """:class:`OneSample` of ``values`` against ``threshold`` on ``side``."""
+def bound_test(
+    values: dict[int, float],
+    threshold: float,
+    side: str,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+) -> OneSample:
+    """:class:`OneSample` of ``values`` against ``threshold`` on ``side`` (the interval cut to
+    ``bounds``, as :class:`Spread`'s)."""
     if side not in ("above", "below"):
         raise ValueError(f"side must be 'above' or 'below', got {side!r}")
     if not values:
         raise ValueError("a bound needs at least one value")
-    return OneSample(dict(values), float(threshold), side)
+    return OneSample(dict(values), float(threshold), side, bounds)

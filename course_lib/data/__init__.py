@@ -49,6 +49,7 @@ from course_lib.data.splits import (
     comparison_splits,
     segment_windows,
     shared_ngrams,
+    window_documents,
 )
 from course_lib.data.tokenizer import (
     BOS_ID,
@@ -86,6 +87,7 @@ __all__ = [
     "pad_batch",
     "retrieval_probe",
     "segment_windows",
+    "window_documents",
     "shared_ngrams",
     "train_val_split",
     "unigram_entropy",

@@ -27,7 +27,14 @@ import torch
 from course_lib.data._checks import check_int, check_probability
 from course_lib.data.corpus import load_corpus
 
-__all__ = ["TextSplits", "clean_segments", "comparison_splits", "segment_windows", "shared_ngrams"]
+__all__ = [
+    "TextSplits",
+    "clean_segments",
+    "comparison_splits",
+    "segment_windows",
+    "shared_ngrams",
+    "window_documents",
+]
 
 
 @dataclass(frozen=True)
@@ -167,10 +174,42 @@ def segment_windows(
     ]
     if not pieces:
         raise ValueError(f"no segment holds a window of {length} tokens")
-    windows = torch.cat(pieces)
+    return _spread(torch.cat(pieces), max_windows)
+
+
+def _spread(rows: torch.Tensor, max_windows: int | None) -> torch.Tensor:
+    """``rows`` (one per window), or ``max_windows`` of them evenly spread over the list
+    (indices ``round(linspace(0, available - 1, max_windows))``)."""
     if max_windows is not None:
         max_windows = check_int("max_windows", max_windows, 1)
-        if max_windows < windows.shape[0]:
-            picks = torch.linspace(0, windows.shape[0] - 1, max_windows).round().long()
-            windows = windows[picks]
-    return windows
+        if max_windows < rows.shape[0]:
+            picks = torch.linspace(0, rows.shape[0] - 1, max_windows).round().long()
+            rows = rows[picks]
+    return rows
+
+
+#: The byte that ends a document in the corpus (:func:`course_lib.data.load_corpus`: one document
+#: per line).
+DOCUMENT_END = 10
+
+
+def window_documents(
+    segments: tuple[torch.Tensor, ...] | list[torch.Tensor], length: int, max_windows: int | None
+) -> torch.Tensor:
+    """``[W]``: for each window of :func:`segment_windows` (same arguments, same order), the
+    document its first token belongs to, counted in the segments' text (the number of
+    :data:`DOCUMENT_END` bytes before it). Windows of one document share text, so a bootstrap of
+    the evaluation text's noise resamples documents, not windows. A document end that fell in
+    removed bytes is not seen: its two documents then count as one, which only makes the blocks
+    larger (a more cautious bootstrap)."""
+    length = check_int("length", length, 1)
+    ids, before = [], 0
+    for s in segments:
+        ends = torch.cumsum((s == DOCUMENT_END).long(), 0) - (s == DOCUMENT_END).long()
+        if s.numel() >= length:
+            starts = torch.arange(0, (s.numel() // length) * length, length)
+            ids.append(before + ends[starts])
+        before += int((s == DOCUMENT_END).sum())
+    if not ids:
+        raise ValueError(f"no segment holds a window of {length} tokens")
+    return _spread(torch.cat(ids), max_windows)

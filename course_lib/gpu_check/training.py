@@ -1,6 +1,6 @@
 """A short run of the ``gpu`` preset's comparison: the kernels inside a model that trains.
 
-The preset's model, data and optimiser (hidden 384, 6 layers, 6 heads of 64, sequence 256,
+The preset's model, data and optimiser (hidden 384, 6 layers, 6 heads of 64, its sequence length,
 the Triton kernels under autocast: bf16, or fp16 on a GPU without bf16), shortened to a few
 hundred steps, one seed, the causal objective, no probes and a small final evaluation, for
 every sequence encoding. It shows that every encoding trains on this GPU and how fast; with one

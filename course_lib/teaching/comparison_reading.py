@@ -21,7 +21,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from course_lib.compare.claims import Bound, Change, Difference, Verdict, judge
+from course_lib.compare.claims import (
+    Bound,
+    Change,
+    Difference,
+    Verdict,
+    judge,
+    untested_questions,
+)
 from course_lib.compare.stats import METRICS, Paired, Spread, by_arm, holm, spread
 
 __all__ = ["Reading", "null_calls"]
@@ -157,6 +164,20 @@ class Reading:
             print("  (no claim of this kind has runs yet)" if not verdicts else "  (none called)")
         for v in shown:
             print(f"  {v.claim.describe()}: {v.text()}")
+
+    def say_untested(self, *, objective: str | None = None, metric: str | None = None) -> None:
+        """Print the declared claims the family leaves out (matching ``objective`` and
+        ``metric``), grouped by why (:func:`course_lib.compare.claims.untested_questions`)."""
+        reasons: dict[str, list[str]] = {}
+        for claim, why in untested_questions(self.results):
+            if (objective is None or claim.objective == objective) and (
+                metric is None or claim.metric == metric
+            ):
+                reasons.setdefault(why, []).append(claim.describe())
+        if not reasons:
+            print("  (every declared claim of this kind is tested)")
+        for why, claims in reasons.items():
+            print(f"  not tested ({len(claims)} claims): {why}")
 
     def expect_every_seed(
         self,

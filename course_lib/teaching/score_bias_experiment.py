@@ -2,13 +2,13 @@
 
     python -m course_lib.teaching.score_bias_experiment [--out figures/06_score_biases]
 
-What it does, seeded from start to end (one torch thread; 10-25 s per model, about 4 minutes
-for the nine runs on a 2-core CPU):
+What it does, seeded from start to end (one torch thread; 10-25 s per model, about 8 minutes
+for the twenty runs on a 2-core CPU):
 
 1. **Training.** Causal models with the recipe of the comparison's ``cpu`` preset
    (:data:`course_lib.compare.PRESETS`: hidden 64, 2 layers, 4 heads of 16, 300 steps of batch 16
    at length ``L = 64``, the course corpus), one per encoding in :data:`ENCODINGS` (ALiBi, the
-   sinusoidal code ``absolute``, RoPE) and seed in :data:`SEEDS`. The seed fixes the
+   sinusoidal code ``absolute``, RoPE, KERPLE's log variant) and seed in :data:`SEEDS`. The seed fixes the
    initialisation, the data order and the batches; the encodings of one seed see the same data.
 2. **Evaluation at 64, 128, 256 and 512 tokens**, the protocol of the ALiBi paper
    (non-overlapping windows): the validation stream is cut into every chunk of 512 tokens, and at
@@ -16,7 +16,9 @@ for the nine runs on a 2-core CPU):
    same tokens; only how much context each token gets, and at which positions, differs.
    The result per length: the mean next-token loss (nats per byte) over all its tokens, and the
    **loss per position bucket** (positions 0-63, 64-127, 128-255, 256-511 inside the window; a
-   bucket past the window's end is None).
+   bucket past the window's end is None), and the same buckets by the token's place in the
+   *chunk* (``chunk_buckets``): the same tokens at every length, so two lengths' chunk buckets
+   compare one text read with more or less context (what notebook 06's claims about context use).
 
 Because the models are causal, the loss at position ``p`` depends only on the ``p + 1`` tokens up
 to it: position 70 of a window of 512 gets exactly what position 70 of a window of 128 starting at
@@ -48,6 +50,7 @@ from course_lib.data import corpus_source, train_val_split
 from course_lib.evaluate import spread_windows
 from course_lib.model import MiniBert
 from course_lib.teaching.notebook import REPO_ROOT
+from course_lib.teaching.verdict_margins import Verdict
 from course_lib.train import TrainConfig, train_model
 
 __all__ = [
@@ -56,12 +59,15 @@ __all__ = [
     "ENCODINGS",
     "LENGTHS",
     "LIVE_CHUNKS",
+    "LIVE_DIGITS",
     "SEEDS",
+    "VERDICTS",
     "TRAIN_LEN",
     "bucket_means",
     "eval_chunks",
     "evaluate_lengths",
     "live_check",
+    "learned_values",
     "load_model",
     "main",
     "model_config",
@@ -75,11 +81,17 @@ __all__ = [
 TRAIN_LEN = 64
 LENGTHS = (64, 128, 256, 512)
 BUCKETS = ((0, 64), (64, 128), (128, 256), (256, 512))
-#: the experiment's arms, those of the ALiBi paper's Figure 1 (not a list of the course's
+#: the experiment's arms: those of the ALiBi paper's Figure 1, plus KERPLE (its log variant, the
+#: module's default), the learned penalty of the same chapter (not a list of the course's
 #: encodings: those are course_lib.encodings.REGISTRY)
-ENCODINGS = ("alibi", "absolute", "rope")
-SEEDS = (0, 1, 2)
+ENCODINGS = ("alibi", "absolute", "rope", "kerple")
+#: five seeds: the course's claims over seeds are paired t intervals (SeedClaims), which need
+#: at least five where a claim compares arms
+SEEDS = (0, 1, 2, 3, 4)
 LIVE_CHUNKS = 8  # chunks of 512 tokens the notebook re-scores live
+LIVE_DIGITS = 2  # decimals of the live losses the notebook prints
+PREFIX = 128  # the live cell compares the first PREFIX losses of a window of 512 with a window
+PREFIX_CHUNKS = 2  # ... of PREFIX, on this many chunks
 DEFAULT_OUT = REPO_ROOT / "figures" / "06_score_biases"
 PRESET = "cpu"
 
@@ -197,15 +209,25 @@ def evaluate_lengths(
     targets: torch.Tensor,
     lengths: tuple[int, ...] = LENGTHS,
 ) -> dict:
-    """``{str(n): {"loss": mean over every token, "buckets": bucket_means, "tokens": count}}``
-    for each window length ``n``, on the chunks ``inputs``/``targets`` ``[W, max(lengths)]``;
-    plus ``"position_curve"``: the mean loss at each position 0..max-1 of the longest windows."""
+    """``{str(n): {"loss": mean over every token, "buckets": bucket_means, "chunk_buckets": ...,
+    "tokens": count}}`` for each window length ``n``, on the chunks ``inputs``/``targets``
+    ``[W, max(lengths)]``; plus ``"position_curve"``: the mean loss at each position 0..max-1 of
+    the longest windows.
+
+    ``"buckets"`` groups the tokens by their position *inside the window of n*; ``"chunk_buckets"``
+    by their position *inside the chunk*, whatever the window: bucket ``b`` then holds the same
+    tokens at every length, so the chunk buckets of two lengths compare the same text read with
+    more or less context (at 64 a token at chunk position 300 sees the 44 tokens before it in
+    its window; at 512, all 300).
+    """
     out: dict = {}
+    chunk = inputs.shape[1]
     for length in lengths:
         losses = window_losses(model, inputs, targets, length)
         out[str(length)] = {
             "loss": float(losses.double().mean()),
             "buckets": bucket_means(losses),
+            "chunk_buckets": bucket_means(losses.reshape(-1, chunk)),
             "tokens": int(losses.numel()),
         }
         if length == max(lengths):
@@ -230,6 +252,17 @@ def train_one(
     train_model(model, train, val, config, progress=False)
     model.eval()
     return model, time.perf_counter() - started
+
+
+def learned_values(model: MiniBert) -> list[dict]:
+    """Per layer, the numbers a layer's position encoding reports (``reported_values``, e.g.
+    KERPLE's ``r1`` and ``r2`` per head); an empty list for an encoding that reports none."""
+    out = []
+    for layer in model.layers:
+        values = layer.attention.reported_values()
+        if values:
+            out.append({k: [round(float(x), 5) for x in v] for k, v in values.items()})
+    return out
 
 
 def _spread(values: list[float]) -> dict:
@@ -277,6 +310,63 @@ def live_check(model: MiniBert, val_tokens: torch.Tensor, chunks: int = LIVE_CHU
     return {key: result[key]["loss"] for key in map(str, LENGTHS)}
 
 
+@torch.no_grad()
+def live_values(seed: int = 0, out_dir: str | Path = DEFAULT_OUT) -> dict[str, float]:
+    """What notebook 06's live cell computes, as numbers (for
+    :mod:`course_lib.teaching.verdict_margins`, which runs it under every CPU kernel setting):
+    per encoding, the live loss at each length from the committed seed-0 weights
+    (``<encoding>_live<n>``), its distance from the value in ``results.json``
+    (``<encoding>_file_gap``, the largest over the lengths), and the largest difference between
+    the first :data:`PREFIX` losses of a window of 512 and a window of :data:`PREFIX` starting at
+    the same token (``<encoding>_prefix_gap``). Only ``seed`` 0 has committed weights."""
+    if seed != 0:
+        raise ValueError(f"only the seed-0 weights are committed, got seed {seed}")
+    out_dir = Path(out_dir)
+    results = json.loads((out_dir / "results.json").read_text())
+    _, val = train_val_split()
+    inputs, targets = eval_chunks(val)
+    values: dict[str, float] = {}
+    for encoding in results["encodings"]:
+        model = load_model(out_dir, encoding)
+        live = live_check(model, val, results["live_chunks"])
+        saved = next(
+            run["live_check"]
+            for run in results["runs"]
+            if run["encoding"] == encoding and run["seed"] == results["seeds"][0]
+        )
+        for key, value in live.items():
+            values[f"{encoding}_live{key}"] = value
+        values[f"{encoding}_file_gap"] = max(abs(live[k] - saved[k]) for k in saved)
+        long = position_losses(model, inputs[:PREFIX_CHUNKS], targets[:PREFIX_CHUNKS])
+        short = position_losses(
+            model, inputs[:PREFIX_CHUNKS, :PREFIX], targets[:PREFIX_CHUNKS, :PREFIX]
+        )
+        values[f"{encoding}_prefix_gap"] = float((long[:, :PREFIX] - short).abs().max())
+    return values
+
+
+def _largest(suffix: str):
+    def reduce(per_seed) -> float:
+        return max(v for seed in per_seed.values() for k, v in seed.items() if k.endswith(suffix))
+
+    return reduce
+
+
+#: the live cell's verdicts (``python -m course_lib.teaching.verdict_margins
+#: course_lib.teaching.score_bias_experiment:live_values --seeds 0 --out
+#: figures/06_verdict_margins.json`` measures their margins; the printed losses' distances to a
+#: rounding boundary are checked by ``tests/test_verdict_margins.py``)
+VERDICTS = (
+    Verdict("the live losses match the file to 1e-3", _largest("_file_gap"), 1e-3, False),
+    Verdict(
+        "the first 128 losses of a window of 512 equal a window of 128 to 1e-4",
+        _largest("_prefix_gap"),
+        1e-4,
+        False,
+    ),
+)
+
+
 def load_model(out_dir: str | Path, encoding: str) -> MiniBert:
     """The seed-0 model of ``encoding`` saved by :func:`run_experiment`, in eval mode."""
     model = MiniBert(model_config(encoding))
@@ -320,6 +410,9 @@ def run_experiment(
             "parameters": sum(p.numel() for p in model.parameters()),
             "lengths": evaluate_lengths(model, inputs, targets),
         }
+        learned = learned_values(model)
+        if learned:
+            run["learned"] = learned
         if seed == seeds[0]:
             torch.save(model.state_dict(), out_dir / f"{encoding}_seed0.pt")
             run["live_check"] = live_check(model, val, min(LIVE_CHUNKS, inputs.shape[0]))

@@ -1,6 +1,7 @@
-"""Figures of notebook 06: ALiBi's bias matrices and slopes, T5's bucket map, the explorer and
-the extrapolation experiment. Every bias comes from the encodings' own score-bias functions
-(``REGISTRY[name].score_bias``), so a figure shows what the library computes.
+"""Figures of notebook 06: ALiBi's bias matrices and slopes, T5's bucket map, the explorers (ALiBi
+and T5; KERPLE's shape) and the extrapolation experiment. Every bias comes from the encodings'
+own score-bias functions (``REGISTRY[name].score_bias``, ``kerple_bias``), so a figure shows
+what the library computes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from course_lib.encodings import REGISTRY, alibi_slopes, relative_position_bucket
+from course_lib.encodings import REGISTRY, alibi_slopes, kerple_bias, relative_position_bucket
 
 __all__ = [
     "alibi_bias",
@@ -22,6 +23,8 @@ __all__ = [
     "plot_buckets",
     "explorer_data",
     "score_bias_explorer",
+    "kerple_explorer_data",
+    "kerple_explorer",
     "plot_extrapolation",
 ]
 
@@ -185,6 +188,63 @@ def score_bias_explorer(
     axes[2].set_xlabel("relative position r = key - query")
     axes[2].set_ylabel("bucket")
     axes[2].set_title(f"T5: {num_buckets} buckets, max_distance {max_distance}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def kerple_explorer_data(
+    variant: str = "log", r1: float = 1.0, r2: float = 0.5, context: int = 256
+) -> dict:
+    """One KERPLE head of ``variant`` with ``r1``, ``r2``: its bias at distances ``0..context-1``,
+    the content-free attention of a causal query that sees ``context`` keys (softmax of the bias
+    over the distances), and that head's half-attention distance (the smallest ``D`` whose keys
+    ``0..D`` hold half of the weight). Also, for comparison, an ALiBi head of slope ``1/16`` (the
+    second of 4 heads; KERPLE's power variant at ``r1 = 1/16``, ``r2 = 1``)."""
+    distance = torch.arange(context)
+    bias = kerple_bias(
+        distance, torch.tensor([r1], dtype=torch.float64), torch.tensor([r2], dtype=torch.float64),
+        variant,
+    )[0]  # fmt: skip
+    weights = torch.softmax(bias, 0)
+    half = int(
+        torch.searchsorted(torch.cumsum(weights, 0), torch.tensor([0.5], dtype=torch.float64))[0]
+    )
+    line = -distance.double() / 16
+    return {
+        "distance": distance,
+        "bias": bias,
+        "weights": weights,
+        "half": half,
+        "alibi_bias": line,
+        "alibi_weights": torch.softmax(line, 0),
+        "context": context,
+    }
+
+
+def kerple_explorer(variant: str = "log", r1: float = 1.0, r2: float = 0.5, context: int = 256):
+    """Left: one KERPLE head's bias per distance, with an ALiBi head of slope 1/16; right: the
+    attention it alone gives each distance (equal content), log scale, and its half-attention
+    distance."""
+    data = kerple_explorer_data(variant, r1, r2, context)
+    color = REGISTRY["kerple"].color
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    d = data["distance"].numpy()
+    axes[0].plot(d, data["bias"].numpy(), color=color, label=f"KERPLE {variant}")
+    axes[0].plot(d, data["alibi_bias"].numpy(), ":", color="grey", label="ALiBi, slope 1/16")
+    axes[0].set_ylim(min(float(data["bias"].min()), -1.0) * 1.1, 0.5)
+    axes[0].set_xlabel("distance |i - j|")
+    axes[0].set_ylabel("bias added to the score")
+    axes[0].set_title(f"{variant}: r1 = {r1:.3g}, r2 = {r2:.3g}", fontsize=10)
+    axes[0].legend(fontsize=8, loc="lower left")
+    axes[1].plot(d, data["weights"].numpy(), color=color, label="KERPLE")
+    axes[1].plot(d, data["alibi_weights"].numpy(), ":", color="grey", label="ALiBi, slope 1/16")
+    axes[1].axvline(data["half"], color="k", ls="--", lw=1)
+    axes[1].set_yscale("log")
+    axes[1].set_ylim(1e-8, 1)
+    axes[1].set_xlabel("distance")
+    axes[1].set_ylabel("weight (equal content)")
+    axes[1].set_title(f"half of KERPLE's weight within {data['half']} tokens", fontsize=10)
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     return fig
 

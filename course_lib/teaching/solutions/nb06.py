@@ -1,4 +1,4 @@
-"""Worked solutions for notebook 06 (position as a bias on the score: ALiBi and T5 buckets)."""
+"""Worked solutions for notebook 06 (position as a bias on the score: ALiBi, T5 buckets, KERPLE)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,17 @@ def half_attention_distance(slope: float, context: int) -> int:
     weights = torch.exp(-slope * torch.arange(context, dtype=torch.float64))
     cumulative = torch.cumsum(weights, 0) / weights.sum()
     return int(torch.searchsorted(cumulative, torch.tensor([0.5], dtype=torch.float64))[0])
+
+
+def kerple_bias(
+    distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, variant: str = "log"
+) -> torch.Tensor:
+    """KERPLE's bias ``[heads, *distance.shape]`` of the offsets ``distance = p_i - p_j``
+    (integer tensor), with ``r1``, ``r2`` ``[heads]``: ``-r1 log(1 + r2 |d|)`` (``"log"``) or
+    ``-r1 |d|^r2`` (``"power"``), in the parameters' dtype."""
+    shape = (-1, *([1] * distance.dim()))
+    d = distance.abs().to(r1.dtype)
+    r1, r2 = r1.view(shape), r2.view(shape)
+    if variant == "log":
+        return -r1 * torch.log1p(r2 * d)
+    return -r1 * d**r2

@@ -1,0 +1,95 @@
+"""The check of notebook 06's KERPLE exercise (the bias of each distance, both variants).
+
+``check_kerple_bias(fn)`` calls ``fn(distance, r1, r2, variant)`` with an integer tensor of
+offsets ``p_i - p_j`` (negative ones included), ``r1`` and ``r2`` of one value per head, and
+``variant`` ``"log"`` or ``"power"``, and compares the ``[heads, *distance.shape]`` result with
+the library's :func:`course_lib.encodings.kerple_bias`. A wrong answer gets a hint naming the
+usual mistake: the sign (a reward for distance instead of a penalty), the offset used without
+its absolute value, ``log(r2 |d|)`` without the 1, ``r1`` and ``r2`` swapped, or the heads on the
+wrong axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from course_lib.encodings import kerple_bias
+from course_lib.teaching.notebook import report_check
+
+__all__ = ["kerple_cases", "check_kerple_bias"]
+
+
+def kerple_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(variant, distance, r1, r2)`` cases: both variants, one and three heads, offsets of
+    both signs, float32 and float64 parameters."""
+    offsets = torch.arange(-40, 41)
+    grid = torch.arange(6)[:, None] - torch.arange(6)[None, :]  # i - j, [6, 6]
+    cases = []
+    for variant, r2_values in (("log", (0.5, 1.0, 3.0)), ("power", (0.5, 1.0, 2.0))):
+        cases.append((variant, offsets, torch.tensor([1.0]), torch.tensor([r2_values[0]])))
+        cases.append((variant, grid, torch.tensor([0.2, 1.0, 2.5]), torch.tensor(r2_values)))
+        cases.append(
+            (
+                variant,
+                offsets,
+                torch.tensor([0.7, 0.05], dtype=torch.float64),
+                torch.tensor(r2_values[1:], dtype=torch.float64),
+            )
+        )
+    return cases
+
+
+def _hint(got, want, distance, r1, r2, variant) -> str:
+    if torch.allclose(got.double(), -want.double(), atol=1e-6):
+        return " (the sign: the bias is a penalty, -r1 ..., so it is <= 0)"
+    shape = (-1, *([1] * distance.dim()))
+    if variant == "log":
+        no_one = -r1.view(shape) * torch.log(r2.view(shape) * distance.abs().to(r1.dtype))
+        if torch.allclose(got.double(), no_one.double(), atol=1e-6, equal_nan=True):
+            return " (log(1 + r2 |d|): without the 1, distance 0 gives -inf)"
+    if (distance < 0).any():
+        try:
+            alt = kerple_bias(distance.clamp(min=0), r1, r2, variant)
+            if torch.allclose(got.double(), alt.double(), atol=1e-6):
+                return " (use |p_i - p_j|: negative offsets must be penalised like positive ones)"
+        except ValueError:
+            pass
+    try:
+        swapped = kerple_bias(distance, r2, r1, variant)
+        if torch.allclose(got.double(), swapped.double(), atol=1e-6):
+            return " (r1 and r2 swapped: r1 scales the penalty, r2 sets its shape)"
+    except ValueError:
+        pass
+    return ""
+
+
+def check_kerple_bias(
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, str], torch.Tensor],
+) -> bool:
+    """Check ``fn(distance, r1, r2, variant) -> [heads, *distance.shape]``; print one verdict."""
+    failures = []
+    for variant, distance, r1, r2 in kerple_cases():
+        want = kerple_bias(distance, r1, r2, variant)
+        desc = f"{variant}, {len(r1)} head(s), distance {tuple(distance.shape)}"
+        got = fn(distance, r1, r2, variant)
+        if not isinstance(got, torch.Tensor):
+            failures.append(f"{desc}: returned {type(got).__name__}, expected a tensor")
+            continue
+        if got.shape != want.shape:
+            failures.append(
+                f"{desc}: shape {tuple(got.shape)}, expected {tuple(want.shape)} "
+                "(heads first, then the distance's shape)"
+            )
+            continue
+        wrong = ~torch.isclose(got.double(), want.double(), rtol=1e-5, atol=1e-6)
+        if wrong.any():
+            at = wrong.nonzero()[0].tolist()
+            d = int(distance[tuple(at[1:])])
+            failures.append(
+                f"{desc}: {int(wrong.sum())} wrong, first head {at[0]} at p_i - p_j = {d} "
+                f"(got {float(got[tuple(at)]):.4g}, expected {float(want[tuple(at)]):.4g})"
+                + _hint(got, want, distance, r1, r2, variant)
+            )
+    return report_check("kerple_bias", failures)
