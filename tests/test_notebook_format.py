@@ -170,3 +170,38 @@ def test_the_rewriting_command_leaves_a_notebook_in_that_form_alone(tmp_path, ca
     copy.write_text(copy.read_text(encoding="utf-8").replace('"max": 6,', '"max": 6.0,'))
     _rewrite([str(copy)])
     assert copy.read_bytes() == written and "rewrote" in capsys.readouterr().out
+
+
+_SLIDERS = {"FloatLogSliderModel", "FloatSliderModel", "IntSliderModel"}
+
+
+def _off_grid_sliders(notebook: Path) -> list[str]:
+    """The sliders of ``notebook``'s saved widget state whose value is not ``min + k step``
+    (for a log slider, in the exponent: ``log_base(value) = min + k step``)."""
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    states = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    problems = []
+    for model in states.get("state", {}).values():
+        if model.get("model_name") not in _SLIDERS:
+            continue
+        s = model["state"]
+        log = model["model_name"] == "FloatLogSliderModel"
+        step = s.get("step", 0.1 if model["model_name"] != "IntSliderModel" else 1)
+        x = math.log(s["value"], s.get("base", 10)) if log else s["value"]
+        k = (x - s["min"]) / step
+        if abs(k - round(k)) > 1e-6:
+            on = "exponent " if log else ""
+            problems.append(
+                f"slider {s.get('description')!r}: value {s['value']} ({on}{x:.6g}) is not "
+                f"min {s['min']} + a multiple of step {step}"
+            )
+    return problems
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_explorer_sliders_start_on_their_grid(notebook):
+    """A slider's value off its grid is snapped by the browser when the widget is drawn, and the
+    snapped value is sent back: the explorer runs again, during Run All while later cells run,
+    and its figure shows the snapped value (0.501 for 0.5) instead of the code's."""
+    problems = _off_grid_sliders(notebook)
+    assert not problems, f"{notebook.name}: " + "; ".join(problems)
