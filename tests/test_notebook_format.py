@@ -203,5 +203,11 @@ def test_explorer_sliders_start_on_their_grid(notebook):
     """A slider's value off its grid is snapped by the browser when the widget is drawn, and the
     snapped value is sent back: the explorer runs again, during Run All while later cells run,
     and its figure shows the snapped value (0.501 for 0.5) instead of the code's."""
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    states = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    has_explorer = any("interact(" in "".join(c["source"]) for c in nb["cells"])
+    assert not has_explorer or states.get("state"), (
+        f"{notebook.name} has an explorer but no saved widget state to check"
+    )
     problems = _off_grid_sliders(notebook)
     assert not problems, f"{notebook.name}: " + "; ".join(problems)
