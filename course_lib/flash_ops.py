@@ -37,7 +37,14 @@ from course_lib.checks import (
     check_position_ids,
     default_position_ids,
 )
-from course_lib.kernel_hooks import QKTables, ScoreBias, kernel_positions, resolve_hook
+from course_lib.kernel_hooks import (
+    QKTables,
+    ScoreBias,
+    kernel_positions,
+    position_steps,
+    positions_ordered,
+    resolve_hook,
+)
 from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
 from course_lib.runtime import check_kernel_tensors, kernel_compute_dtype, load_kernel_module
 
@@ -59,7 +66,10 @@ class KernelCall:
     ``positions``: float32 ``[1 or batch, seq]``, each row minus its smallest position
     (:func:`course_lib.kernel_hooks.kernel_positions`); ``mask``: int8 ``[batch, seq]`` or None;
     ``hook``: the score-bias hook object or None; ``bias_tensor``: the tensor it reads (as given)
-    or None; ``bias_options``: its compile-time options.
+    or None; ``bias_options``: its compile-time options; ``positions_ordered``: the positions
+    never decrease along a sequence (checked only for a hook whose split form needs it);
+    ``positions_affine``: each sequence's positions are ``p_0 + step * index`` (default
+    positions are), so the kernels compute them instead of loading them.
     """
 
     scale: float
@@ -69,6 +79,8 @@ class KernelCall:
     hook: object | None
     bias_tensor: torch.Tensor | None
     bias_options: dict | None = None
+    positions_ordered: bool = False
+    positions_affine: bool = False
 
     def launch_options(self, causal: bool, bias_tensor: torch.Tensor | None) -> dict:
         """The keyword arguments of a family's forward and backward launchers."""
@@ -118,6 +130,7 @@ def prepare_kernel_call(
         raise ValueError(f"scale must be a finite number, got {scale}")
     if position_ids is not None and not checked:
         position_ids = check_position_ids(position_ids, batch, seq, q.device)
+    given_positions = position_ids is not None
     if score_bias is None:  # positions reach the kernels only through a score bias
         positions = torch.zeros(1, seq, dtype=torch.float32, device=q.device)
     else:
@@ -147,7 +160,12 @@ def prepare_kernel_call(
         tensor, options = _bias_tensor(score_bias, hook, kernel), dict(score_bias.options)
         tensors.append(tensor)
     check_kernel_tensors(*tensors)
-    return KernelCall(scale, positions, mask, qk_tables, hook, tensor, options)
+    ordered = affine = False  # default positions are both; given ones are looked at once each
+    if hook is not None:
+        affine = not given_positions or position_steps(positions) is not None
+        if getattr(hook, "split_ordered", False) and causal:
+            ordered = not given_positions or positions_ordered(positions)
+    return KernelCall(scale, positions, mask, qk_tables, hook, tensor, options, ordered, affine)
 
 
 def _bias_tensor(score_bias: ScoreBias, hook, kernel: str) -> torch.Tensor | None:
@@ -217,6 +235,9 @@ class _FusedAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, bias_tensor, call: KernelCall, causal: bool, family: KernelFamily):
         kernels = load_kernel_module(family.module)
         options = call.launch_options(causal, bias_tensor)
+        if family.module == "flash":  # how the flash loops may read the positions
+            options["positions_ordered"] = call.positions_ordered
+            options["positions_affine"] = call.positions_affine
         launch = getattr(kernels, family.forward)
         if call.qk_tables is not None:
             q, k = load_kernel_module("qk_transform").encode_qk(q, k, call.qk_tables)

@@ -155,6 +155,14 @@ def kernel_positions(positions: torch.Tensor) -> torch.Tensor:
     return relative.to(torch.float32).contiguous()
 
 
+def positions_ordered(positions: torch.Tensor) -> bool:
+    """Whether the positions ``[1 or batch, seq]`` never decrease along a sequence (then every
+    key at or before a query in the sequence has ``p_j <= p_i``)."""
+    if positions.shape[-1] < 2:
+        return True
+    return bool((positions[:, 1:] >= positions[:, :-1]).all())
+
+
 def position_steps(positions: torch.Tensor) -> torch.Tensor | None:
     """The step ``s_b`` of each sequence if its positions are ``p_b + s_b * arange(seq)``
     (``[1 or batch, 1]`` int64; a row of one token has step 0), else None."""

@@ -110,6 +110,26 @@ def _scores(q1, q2, k1, k2, PAIR_HALVES: tl.constexpr, DOT_PRECISION: tl.constex
 
 
 @triton.jit
+def _position_line(POS, seq_len, POS_AFFINE: tl.constexpr):
+    """``(p_0, step)`` of this sequence's positions when they are ``p_0 + step * index``
+    (``POS_AFFINE``), else zeros (unused)."""
+    pos0 = 0.0
+    pos_step = 0.0
+    if POS_AFFINE:
+        pos0 = tl.load(POS)
+        pos_step = tl.load(POS + 1, mask=seq_len > 1, other=0.0) - pos0
+    return pos0, pos_step
+
+
+@triton.jit
+def _affine_positions(start, N: tl.constexpr, pos0, pos_step):
+    """The positions of tokens ``start .. start + N - 1`` of a sequence whose positions are
+    ``pos0 + pos_step * index`` (exact integers in float32): one multiply-add per block and
+    one add per token, no load and no conversion per token."""
+    return (pos0 + pos_step * start.to(tl.float32)) + pos_step * tl.arange(0, N).to(tl.float32)
+
+
+@triton.jit
 def _key_tile(
     q1,
     q2,
@@ -123,10 +143,15 @@ def _key_tile(
     stride_kd,
     stride_vs,
     stride_vd,
+    start_n,
     offs_n,
     col_valid,
     row_idx,
     row_pos,
+    ref_idx,
+    ref_pos,
+    pos0,
+    pos_step,
     t,
     pair_valid,
     first,
@@ -144,6 +169,8 @@ def _key_tile(
     BIAS_FN: tl.constexpr,
     BIAS_FACTOR: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr,
+    BIAS_SPLIT: tl.constexpr,
+    POS_AFFINE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
 ):
@@ -151,8 +178,11 @@ def _key_tile(
     the keys' tables, and ``v``) and score
     the query tile against it: ``s = q' . k'`` unscaled without an additive hook, the base-2
     logit ``qk_scale_log2 * q' . k' + b`` with one; ``f`` = the hook's factor ``e^b`` with
-    ``BIAS_FACTOR``, else 1. ``[BLOCK_M, BLOCK_N]`` fp32; no mask applied
-    (:func:`_keep_allowed`). With ``MASKED``, bounded loads."""
+    ``BIAS_FACTOR``, else 1. With ``BIAS_SPLIT`` and not ``MASKED``, the logit holds the key
+    part ``w_j`` of the bias only (counted from the token ``ref_idx``); the caller accounts for
+    the rows' part.
+    ``[BLOCK_M, BLOCK_N]`` fp32; no mask applied (:func:`_keep_allowed`). With ``MASKED``,
+    bounded loads."""
     k1, k2 = _load_encoded(
         K, stride_ks, stride_kd, COS, SIN, offs_n, col_valid, t, pair_valid, first, second,
         gain_1, gain_2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
@@ -172,7 +202,12 @@ def _key_tile(
         else:
             pos_n = tl.load(POS + offs_n)
             col_idx = offs_n
-        if BIAS_FACTOR:
+        if POS_AFFINE:  # p_0 + step * index: no load
+            pos_n = _affine_positions(start_n, offs_n.shape[0], pos0, pos_step)
+        if BIAS_SPLIT is not None and not MASKED:  # a vector per tile, in the multiply-add
+            key_part = BIAS_SPLIT(col_idx, pos_n, ref_idx, ref_pos, BIAS, False, BIAS_OPTIONS)
+            s = s * qk_scale_log2 + key_part[None, :]
+        elif BIAS_FACTOR:
             f = BIAS_FN(row_idx, col_idx[None, :], row_pos, pos_n[None, :], BIAS, BIAS_OPTIONS)
         else:
             bias = BIAS_FN(row_idx, col_idx[None, :], row_pos, pos_n[None, :], BIAS, True,
@@ -236,6 +271,10 @@ def _fwd_tiles(
     offs_m,
     row_idx,
     row_pos,
+    ref_idx,
+    ref_pos,
+    pos0,
+    pos_step,
     t,
     pair_valid,
     first,
@@ -256,6 +295,8 @@ def _fwd_tiles(
     BIAS_FN: tl.constexpr,
     BIAS_FACTOR: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr,
+    BIAS_SPLIT: tl.constexpr,
+    POS_AFFINE: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -273,10 +314,11 @@ def _fwd_tiles(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_valid = offs_n < seq_len
         k1, k2, v, s, f = _key_tile(
-            q1, q2, K, V, POS, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs, stride_vd, offs_n,
-            col_valid, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-            qk_scale_log2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
-            BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, DOT_PRECISION, MASKED,
+            q1, q2, K, V, POS, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs, stride_vd, start_n,
+            offs_n, col_valid, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step, t, pair_valid,
+            first, second, gain_1, gain_2, seq_len, qk_scale_log2, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+            PAIR_HALVES, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, BIAS_SPLIT,
+            POS_AFFINE, DOT_PRECISION, MASKED,
         )  # fmt: skip
         s = _keep_allowed(s, float("-inf"), offs_m, offs_n, col_valid, KPM, CAUSAL, HAS_MASK,
                           MASKED)  # fmt: skip
@@ -355,6 +397,8 @@ def _flash_fwd_kernel(
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr = None,
+    BIAS_SPLIT: tl.constexpr = None,
+    POS_AFFINE: tl.constexpr = False,
 ):
     """One query block of one (batch, head): online softmax over the key blocks.
 
@@ -389,6 +433,14 @@ def _flash_fwd_kernel(
         row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
     else:
         row_pos = row_idx
+    # a split bias (the tiles below the diagonal): both parts counted from the block's first
+    # query, which lies between each pair's key and query; the unmasked loop adds the key part,
+    # the rows' part (a constant per row) joins the running maximum after it
+    ref_idx = tl.minimum(pid_m * BLOCK_M, seq_len - 1)
+    ref_pos = 0.0
+    if BIAS_SPLIT is not None:
+        ref_pos = tl.load(POS + ref_idx)
+    pos0, pos_step = _position_line(POS, seq_len, POS_AFFINE)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
@@ -402,15 +454,22 @@ def _flash_fwd_kernel(
         hi = seq_len
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q1, q2, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd, stride_vs,
-        stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-        qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES,
-        HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, False,
+        stride_vd, offs_m, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first,
+        second, gain_1, gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+        PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, BIAS_SPLIT,
+        POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, False,
     )  # fmt: skip
+    if BIAS_SPLIT is not None:  # the rows' part; the masked loop adds the whole bias
+        m_i += BIAS_SPLIT(
+            tl.minimum(offs_m, seq_len - 1), tl.reshape(row_pos, [BLOCK_M]), ref_idx, ref_pos,
+            BIAS, True, BIAS_OPTIONS,
+        )  # fmt: skip
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q1, q2, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd, stride_vs,
-        stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-        qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES,
-        HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, True,
+        stride_vd, offs_m, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first,
+        second, gain_1, gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+        PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, BIAS_SPLIT,
+        POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, True,
     )  # fmt: skip
 
     has_keys = l_i > 0.0
@@ -487,6 +546,11 @@ def _dkdv_tiles(
     key_real,
     key_idx,
     key_pos,
+    key_part,
+    ref_idx,
+    ref_pos,
+    pos0,
+    pos_step,
     t,
     pair_valid,
     first,
@@ -513,6 +577,8 @@ def _dkdv_tiles(
     GRAD_PER_TILE: tl.constexpr,
     GRAD_WIDTH: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr,
+    BIAS_SPLIT: tl.constexpr,
+    POS_AFFINE: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -557,7 +623,15 @@ def _dkdv_tiles(
             else:
                 pos_m = tl.load(POS + offs_m)
                 query_idx = offs_m[None, :]
-            if BIAS_FACTOR:
+            if POS_AFFINE:  # p_0 + step * index: no load
+                pos_m = _affine_positions(start_m, BLOCK_M, pos0, pos_step)
+            if BIAS_SPLIT is not None and not MASKED:  # key part per program, query per tile
+                query_part = BIAS_SPLIT(
+                    tl.reshape(query_idx, [BLOCK_M]), pos_m, ref_idx, ref_pos, BIAS, True,
+                    BIAS_OPTIONS,
+                )  # fmt: skip
+                p_t = tl.exp2(s_t * qk_scale_log2 + key_part + (query_part - lse)[None, :])
+            elif BIAS_FACTOR:
                 f_t = BIAS_FN(query_idx, key_idx, pos_m[None, :], key_pos, BIAS, BIAS_OPTIONS)
                 p_t = tl.exp2(s_t * qk_scale_log2 - lse[None, :]) * f_t
             else:
@@ -655,6 +729,8 @@ def _flash_bwd_dkdv_kernel(
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr = None,
+    BIAS_SPLIT: tl.constexpr = None,
+    POS_AFFINE: tl.constexpr = False,
 ):
     """dK and dV for one key block, walking the query blocks (transposed tiles ``[keys, queries]``).
 
@@ -690,6 +766,16 @@ def _flash_bwd_dkdv_kernel(
         key_pos = tl.load(POS + offs_n, mask=col_valid, other=0.0)[:, None]
     else:
         key_pos = key_idx
+    # a split bias (the unmasked loop: queries after the whole key block): both parts counted
+    # from the block's last key, which lies between each pair's key and query; the key part
+    # once here
+    ref_idx = tl.minimum(pid_n * BLOCK_N + BLOCK_N - 1, seq_len - 1)
+    ref_pos = 0.0
+    pos0, pos_step = _position_line(POS, seq_len, POS_AFFINE)
+    key_part = 0.0
+    if BIAS_SPLIT is not None:
+        ref_pos = tl.load(POS + ref_idx)
+        key_part = BIAS_SPLIT(key_idx, key_pos, ref_idx, ref_pos, BIAS, False, BIAS_OPTIONS)
     if BIAS_GRAD_FN is not None and GRAD_PER_TILE:
         dbias = DBIAS + pid_bh * grad_slots * GRAD_WIDTH  # this (batch, head)'s tile slots
     elif BIAS_GRAD_FN is not None:
@@ -723,21 +809,23 @@ def _flash_bwd_dkdv_kernel(
     num_free = tl.maximum(full_end - band_end, 0) // BLOCK_M
     dk1, dk2, dv, dbias = _dkdv_tiles(
         dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
-        stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, t, pair_valid, first,
-        second, gain_1, gain_2, seq_len, qk_scale_log2, band_end, num_free, 0, 0, pid_n, HEAD_DIM,
-        HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
-        BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION,
-        False,
+        stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part, ref_idx,
+        ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
+        qk_scale_log2, band_end, num_free, 0, 0, pid_n, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+        PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN,
+        GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK,
+        DOT_PRECISION, False,
     )  # fmt: skip
     num_band = tl.cdiv(tl.minimum(band_end, seq_len) - lo, BLOCK_M)
     num_tail = (full_end < seq_len) & (full_end >= band_end)
     dk1, dk2, dv, dbias = _dkdv_tiles(
         dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
-        stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, t, pair_valid, first,
-        second, gain_1, gain_2, seq_len, qk_scale_log2, lo, num_band + num_tail.to(tl.int32),
-        band_end, full_end, pid_n, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M,
-        HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH,
-        BIAS_OPTIONS, CAUSAL, HAS_MASK, DOT_PRECISION, True,
+        stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part, ref_idx,
+        ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
+        qk_scale_log2, lo, num_band + num_tail.to(tl.int32), band_end, full_end, pid_n, HEAD_DIM,
+        HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
+        BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL,
+        HAS_MASK, DOT_PRECISION, True,
     )  # fmt: skip
 
     _store_decoded(
@@ -778,6 +866,10 @@ def _dq_tiles(
     offs_m,
     row_idx,
     row_pos,
+    ref_idx,
+    ref_pos,
+    pos0,
+    pos_step,
     t,
     pair_valid,
     first,
@@ -798,6 +890,8 @@ def _dq_tiles(
     BIAS_FN: tl.constexpr,
     BIAS_FACTOR: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr,
+    BIAS_SPLIT: tl.constexpr,
+    POS_AFFINE: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -815,10 +909,11 @@ def _dq_tiles(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_valid = offs_n < seq_len
         k1, k2, v, s, f = _key_tile(
-            q1, q2, K, V, POS, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs, stride_vd, offs_n,
-            col_valid, row_idx, row_pos, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-            qk_scale_log2, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, HAS_TABLES, HAS_GAIN,
-            BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, DOT_PRECISION, MASKED,
+            q1, q2, K, V, POS, COS, SIN, BIAS, stride_ks, stride_kd, stride_vs, stride_vd, start_n,
+            offs_n, col_valid, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step, t, pair_valid,
+            first, second, gain_1, gain_2, seq_len, qk_scale_log2, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+            PAIR_HALVES, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, BIAS_SPLIT,
+            POS_AFFINE, DOT_PRECISION, MASKED,
         )  # fmt: skip
         if BIAS_FN is not None and not BIAS_FACTOR:
             p = tl.exp2(s - lse[:, None])
@@ -896,6 +991,8 @@ def _flash_bwd_dq_kernel(
     DOT_PRECISION: tl.constexpr,
     BIAS_OPTIONS: tl.constexpr = None,
     ROW_SUMS: tl.constexpr = False,
+    BIAS_SPLIT: tl.constexpr = None,
+    POS_AFFINE: tl.constexpr = False,
 ):
     """dQ for one query block, walking the key blocks.
 
@@ -929,6 +1026,18 @@ def _flash_bwd_dq_kernel(
         row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)[:, None]
     else:
         row_pos = row_idx
+    # a split bias (the tiles below the diagonal, as in the forward): the unmasked loop adds
+    # the key part and takes the rows' part out of the log-sum-exp, once
+    ref_idx = tl.minimum(pid_m * BLOCK_M, seq_len - 1)
+    ref_pos = 0.0
+    lse_split = lse
+    pos0, pos_step = _position_line(POS, seq_len, POS_AFFINE)
+    if BIAS_SPLIT is not None:
+        ref_pos = tl.load(POS + ref_idx)
+        lse_split = lse - BIAS_SPLIT(
+            tl.minimum(offs_m, seq_len - 1), tl.reshape(row_pos, [BLOCK_M]), ref_idx, ref_pos,
+            BIAS, True, BIAS_OPTIONS,
+        )  # fmt: skip
 
     if PAIR_HALVES:
         dq1 = tl.zeros([BLOCK_M, HALF_PAD], dtype=tl.float32)
@@ -944,18 +1053,18 @@ def _flash_bwd_dq_kernel(
         mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
     dq1, dq2, rows = _dq_tiles(
-        dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
-        stride_kd, stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second,
-        gain_1, gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
-        PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL,
-        HAS_MASK, DOT_PRECISION, False, ROW_SUMS,
+        dq1, dq2, rows, q1, q2, do, lse_split, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
+        stride_kd, stride_vs, stride_vd, offs_m, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step,
+        t, pair_valid, first, second, gain_1, gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM,
+        HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
+        BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, False, ROW_SUMS,
     )  # fmt: skip
     dq1, dq2, rows = _dq_tiles(
         dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
-        stride_kd, stride_vs, stride_vd, offs_m, row_idx, row_pos, t, pair_valid, first, second,
-        gain_1, gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
-        PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, CAUSAL,
-        HAS_MASK, DOT_PRECISION, True, ROW_SUMS,
+        stride_kd, stride_vs, stride_vd, offs_m, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step,
+        t, pair_valid, first, second, gain_1, gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM,
+        HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
+        BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, True, ROW_SUMS,
     )  # fmt: skip
     if ROW_SUMS:
         tl.store(ROWS + pid_bh * seq_len + offs_m, rows, mask=row_valid)
@@ -1123,7 +1232,24 @@ def _forward_scale(scale: float) -> tuple[float, float]:
     return max(abs(scale) * LOG2E, 1e-30), (-1.0 if scale < 0 else 1.0)
 
 
-def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) -> dict:
+def _bias_split(a: LaunchArgs, causal: bool, positions_ordered: bool):
+    """The hook's split form (see :mod:`.score_bias`) for a causal launch's tiles below the
+    diagonal, else None; with ``split_ordered``, only where positions never decrease along a
+    sequence (every key of those tiles then has ``p_j <= p_i``)."""
+    split = None if a.hook is None else getattr(a.hook, "split", None)
+    if split is None or not causal or (a.hook.split_ordered and not positions_ordered):
+        return None
+    return split
+
+
+def _switches(
+    a: LaunchArgs,
+    head_dim: int,
+    causal: bool,
+    dtype: torch.dtype,
+    positions_ordered: bool,
+    positions_affine: bool,
+) -> dict:
     """The constexpr arguments every flash kernel but the delta pre-pass takes."""
     return dict(
         HEAD_DIM=head_dim,
@@ -1138,6 +1264,9 @@ def _switches(a: LaunchArgs, head_dim: int, causal: bool, dtype: torch.dtype) ->
         BIAS_FN=None if a.hook is None else (a.hook.factor or a.hook.bias),
         BIAS_FACTOR=a.hook is not None and a.hook.factor is not None,
         BIAS_OPTIONS=a.bias_options,
+        BIAS_SPLIT=_bias_split(a, causal, positions_ordered),
+        # positions p_0 + step * index are computed in the loops rather than loaded
+        POS_AFFINE=a.hook is not None and positions_affine,
         CAUSAL=bool(causal),
         HAS_MASK=a.has_mask,
         DOT_PRECISION=dot_precision(dtype),
@@ -1159,6 +1288,8 @@ def flash_attention_forward(
     bias_options: dict | None = None,
     config: FlashConfig | None = None,
     out_dtype: torch.dtype | None = None,
+    positions_ordered: bool = False,
+    positions_affine: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel.
 
@@ -1170,8 +1301,11 @@ def flash_attention_forward(
     compile-time options (``ScoreBias.options``; each set compiles its own kernel); out_dtype:
     the output's dtype (default q's; float32 keeps the accumulator unrounded, for a backward
     whose ``delta_i = rowsum(dO_i * O_i)`` must match the kernel's own ``P`` and ``dP``: see
-    :func:`flash_attention_backward`). Returns ``(out [batch, heads, seq, head_dim] contiguous,
-    lse [batch * heads, seq] fp32, base 2)``.
+    :func:`flash_attention_backward`); positions_ordered: the positions never decrease along a
+    sequence (a hook with ``split_ordered`` then uses its split form in a causal launch);
+    positions_affine: each sequence's positions are ``p_0 + step * index`` (the loops then
+    compute them instead of loading them); pass the same two to the backward. Returns ``(out
+    [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32, base 2)``.
     """
     check_launch_inputs(
         q, k, v, positions, key_mask, qk_tables, bias_hook, bias_params, bias_options
@@ -1191,7 +1325,9 @@ def flash_attention_forward(
         seq, heads, *_forward_scale(scale),
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **_switches(a, head_dim, causal, q.dtype),
+        num_stages=cfg.num_stages, **_switches(
+            a, head_dim, causal, q.dtype, positions_ordered, positions_affine
+        ),
     )))  # fmt: skip
     return out, lse
 
@@ -1215,6 +1351,8 @@ def flash_attention_backward(
     bias_grad: bool = False,
     configs: dict[str, FlashConfig] | None = None,
     encoded: bool = False,
+    positions_ordered: bool = False,
+    positions_affine: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the backward kernels; returns ``(dq, dk, dv, dparams)``.
 
@@ -1266,7 +1404,7 @@ def flash_attention_backward(
     run_launch(Launch("delta", _flash_bwd_delta_kernel, (triton.cdiv(seq, 64), batch * heads), (
         out, grad_out, delta, out.stride(0), out.stride(1), *grad_out.stride(), seq, heads,
     ), dict(HEAD_DIM=head_dim, BLOCK_M=64)))  # fmt: skip
-    switches = _switches(a, head_dim, causal, q.dtype)
+    switches = _switches(a, head_dim, causal, q.dtype, positions_ordered, positions_affine)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     cfg = configs["dkdv"]
     num_key_blocks = triton.cdiv(seq, cfg.block_n)

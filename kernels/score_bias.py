@@ -72,6 +72,22 @@ every weight by 1 because ``e^b <= 1``. The stick-breaking kernels always use ``
 ``sigmoid(z + b)`` does not factor. The two forms must agree (``tests/test_kernels_flash.py``
 checks each hook's factor against its bias).
 
+``split(idx, pos, ref_idx, ref_pos, params, QUERY, OPTIONS=None) -> vector`` (optional, flash
+only): the bias as a sum of a query part and a key part, in base 2. ``idx``, ``pos``: the
+indices and positions of one side's tokens (a vector); ``ref_idx``, ``ref_pos``: one token of
+the same sequence (scalars) that both parts are counted from; ``QUERY``: the query part
+``u_i`` (True) or the key part ``w_j`` (False), such that ``b_ij log2(e) = u_i + w_j`` for
+every pair with ``j <= ref <= i`` (``split_ordered``: only where positions never decrease
+along the sequence, so that ``p_j <= p_i``; ALiBi's ``|p_i - p_j|`` is ``p_i - p_j`` there).
+The flash kernels of a causal launch use it in the tiles below the diagonal (the unmasked
+loops), counting from a token between the tile's keys and its queries: the first query of the
+block (forward, dQ) or the last key (dK/dV). Each part is then computed once per tile, one
+vector per side, and goes into the exponent's multiply-add (``s c + w_j`` per pair; ``u_i``
+once per row, with the row's maximum or log-sum-exp) instead of the bias's own arithmetic per
+pair; the diagonal band still calls ``bias``. Counted from a token between key and query, a
+part is no larger than the bias itself when it grows with the distance (ALiBi's, FoX's), so
+the split rounds as the bias does. The two forms must agree (``tests/test_kernels_flash.py``).
+
 Writing a hook
 --------------
 In the encoding's file, behind ``if kernels_available():``, write its ``bias`` (and, with a
@@ -114,6 +130,7 @@ __all__ = [
     "exposb_distance_factor",
     "linear_distance_bias",
     "linear_distance_grad",
+    "linear_distance_split",
     "per_head_slots",
     "per_head_total",
     "per_token_columns",
@@ -162,7 +179,9 @@ class BiasHook:
     key column). ``grad_per_tile``: the gradient is written per tile (see the contract); the
     kernels use square tiles then. ``families``: the kernel families that take it.
     ``query_row_sums``: a ``per_token`` bias of the form ``b_ij = a_i - a_j`` whose query side
-    ``d loss / d a_i = sum_j dS_ij`` is added by the flash dQ kernel (see below).
+    ``d loss / d a_i = sum_j dS_ij`` is added by the flash dQ kernel (see below). ``split``:
+    the bias as a query part plus a key part (see the contract), valid for every pair or, with
+    ``split_ordered``, for pairs with ``p_j <= p_i``.
     """
 
     name: str
@@ -180,6 +199,8 @@ class BiasHook:
     families: tuple[str, ...] = FAMILIES
     example_options: Mapping[str, object] = field(default_factory=dict)
     query_row_sums: bool = False
+    split: object | None = None
+    split_ordered: bool = False
 
     def __post_init__(self) -> None:
         if self.param not in (None, "per_head", "per_token", "per_diagonal"):
@@ -199,6 +220,8 @@ class BiasHook:
                 f"hook {self.name!r}: query_row_sums needs a per_token tensor and the flash "
                 "family alone (the flash dQ kernel forms the row sums)"
             )
+        if self.split is not None and self.factor is not None:
+            raise ValueError(f"hook {self.name!r}: give a split form or a factor form, not both")
 
     def kernel_options(self, options: Mapping | None) -> tuple | None:
         """The ``BIAS_OPTIONS`` constexpr of a launch (None for a hook without options)."""
@@ -444,6 +467,19 @@ def linear_distance_bias(
     if BASE2:
         slope = slope * 1.4426950408889634
     return -slope * tl.abs(pos_q - pos_k)
+
+
+@triton.jit
+def linear_distance_split(
+    idx, pos, ref_idx, ref_pos, params, QUERY: tl.constexpr, OPTIONS: tl.constexpr = None
+):
+    """Where ``p_j <= p_i``, ``-slope (p_i - p_j) log2 e`` = ``u_i + w_j`` with ``u_i = -slope
+    log2(e) (p_i - p_ref)`` (``QUERY``) and ``w_j = slope log2(e) (p_j - p_ref)``: one multiply
+    per token, none per pair."""
+    value = (tl.load(params) * 1.4426950408889634) * (pos - ref_pos)
+    if QUERY:
+        value = -value
+    return value
 
 
 @triton.jit

@@ -617,3 +617,89 @@ def test_factor_form_is_exp_of_the_bias(name) -> None:
     both_forms[(1,)](positions, params, bias, factor, hook.bias, hook.factor, n)
     assert float(factor.min()) > 0 and float(factor.max()) <= 1
     torch.testing.assert_close(factor, bias.exp(), rtol=1e-6, atol=0)
+
+
+def _hooks_with_split():
+    from course_lib.kernel_hooks import registered_hooks
+
+    return [name for name, hook in registered_hooks().items() if hook.split is not None]
+
+
+@pytest.mark.parametrize("name", _hooks_with_split())
+def test_split_form_adds_up_to_the_bias(name) -> None:
+    """A hook's split form (which the flash kernels use below a causal diagonal) adds up to its
+    bias times ``log2 e`` for every pair with ``j <= ref <= i``: nondecreasing positions near
+    and far, a nonincreasing per-token tensor (FoX's cumulative log gates)."""
+    import triton
+    import triton.language as tl
+
+    hook = resolve_hook(name)
+    assert hook.factor is None
+
+    @triton.jit
+    def both_forms(POS, PARAMS, BIAS_OUT, SPLIT_OUT, REF: tl.constexpr, BIAS_FN: tl.constexpr,
+                   SPLIT_FN: tl.constexpr, N: tl.constexpr):  # fmt: skip
+        i = tl.arange(0, N)
+        pos = tl.load(POS + i)
+        rows, cols = i[:, None], i[None, :]
+        out = rows * N + cols
+        bias = BIAS_FN(rows, cols, pos[:, None], pos[None, :], PARAMS, True, None)
+        tl.store(BIAS_OUT + out, bias)
+        ref_pos = tl.load(POS + REF)
+        u = SPLIT_FN(i, pos, REF, ref_pos, PARAMS, True, None)
+        w = SPLIT_FN(i, pos, REF, ref_pos, PARAMS, False, None)
+        tl.store(SPLIT_OUT + out, u[:, None] + w[None, :])
+
+    n, ref = 32, 13
+    torch.manual_seed(0)
+    steps = torch.cat([torch.ones(16), torch.randint(0, 700, (15,)).float()])
+    positions = torch.cat([torch.zeros(1), steps.cumsum(0)]).to(DEVICE)
+    if hook.param == "per_token":
+        params = (-torch.rand(n) * 3).cumsum(0).to(DEVICE)
+    else:
+        params = (torch.rand(1) * 0.5 + 0.01).to(DEVICE)
+    bias = torch.empty(n, n, device=DEVICE)
+    split = torch.empty(n, n, device=DEVICE)
+    both_forms[(1,)](positions, params, bias, split, ref, hook.bias, hook.split, n)
+    i = torch.arange(n, device=DEVICE)
+    pairs = (i[None, :] <= ref) & (i[:, None] >= ref)  # key j <= ref <= query i
+    torch.testing.assert_close(split[pairs], bias[pairs], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["arange", "steps", "shuffled"])
+def test_linear_distance_split_follows_the_order_of_the_positions(order) -> None:
+    """ALiBi's ``|p_i - p_j|`` splits into a query and a key part only where keys come at or
+    before their queries: the causal kernels take the split form for nondecreasing positions
+    and the per-pair bias otherwise; both give the reference (output and gradients)."""
+    from course_lib.kernels import flash as flash_kernels
+
+    from course_lib.attention import attention
+
+    torch.manual_seed(0)
+    n = 150  # long enough for tiles below the diagonal in each kernel's blocks
+    qkv = [torch.randn(1, 2, n, 16, device=DEVICE, requires_grad=True) for _ in range(3)]
+    positions = {
+        "arange": None,
+        "steps": torch.arange(n)[None] * 3 + 5,
+        "shuffled": torch.randperm(n)[None],
+    }[order]
+    chosen = []
+    original = flash_kernels._bias_split
+
+    def spy(*args):
+        split = original(*args)
+        chosen.append(split is not None)
+        return split
+
+    got = {}
+    flash_kernels._bias_split = spy
+    try:
+        for backend in ("reference", "triton"):
+            ids = None if positions is None else positions.to(DEVICE)
+            out = attention(*qkv, method="alibi", causal=True, position_ids=ids, backend=backend)
+            got[backend] = (out, *torch.autograd.grad(out.square().sum(), qkv))
+    finally:
+        flash_kernels._bias_split = original
+    assert set(chosen) == {order != "shuffled"}
+    for want, have in zip(got["reference"], got["triton"], strict=True):
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)

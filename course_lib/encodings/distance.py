@@ -40,4 +40,6 @@ if kernels_available():
         grad=_library.linear_distance_grad,
         param="per_head",
         reduce=_library.per_head_total,
+        split=_library.linear_distance_split,
+        split_ordered=True,  # |p_i - p_j| = p_i - p_j only where the key is not after the query
     )

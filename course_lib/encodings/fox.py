@@ -117,6 +117,19 @@ if kernels_available():
         is left: the flash dQ kernel adds it (``query_row_sums``)."""
         return acc - tl.sum(ds, axis=QUERY_AXIS)
 
+    @triton.jit
+    def cumulative_log_gates_split(
+        idx, pos, ref_idx, ref_pos, params, QUERY: tl.constexpr, OPTIONS: tl.constexpr = None
+    ):
+        """``c_i - c_j`` as ``u_i + w_j``: ``u_i = (c_i - c_ref) log2 e`` (``QUERY``), ``w_j =
+        (c_ref - c_j) log2 e``, read once per token of a tile. ``c`` never increases (every
+        ``log f <= 0``), so from a token between key and query each part is no larger than
+        ``|c_i - c_j|``."""
+        value = (tl.load(params + idx) - tl.load(params + ref_idx)) * 1.4426950408889634
+        if not QUERY:
+            value = -value
+        return value
+
     CUMULATIVE_LOG_GATES = BiasHook(
         name="cumulative_log_gates",
         formula="b_ij = per_token[i] - per_token[j] (FoX: cumulative log forget gates)",
@@ -126,6 +139,7 @@ if kernels_available():
         reduce=per_token_columns,
         families=("flash",),
         query_row_sums=True,
+        split=cumulative_log_gates_split,
     )
 
 

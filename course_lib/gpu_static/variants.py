@@ -161,10 +161,12 @@ def compiled_hook(hook):
     """A score-bias hook object with compiled-mode functions (see :func:`compiled_function`),
     as an instance of the compiled package's ``BiasHook``."""
     fields = {f.name: getattr(hook, f.name) for f in dataclasses.fields(hook)}
-    for name in ("bias", "grad", "factor"):
-        if fields[name] is not None:
+    for name in ("bias", "grad", "factor", "split"):
+        if fields.get(name) is not None:
             fields[name] = compiled_function(fields[name])
-    return _module("score_bias").BiasHook(**fields)
+    target = _module("score_bias").BiasHook  # an earlier kernels/ may lack newer fields
+    known = {f.name for f in dataclasses.fields(target)}
+    return target(**{name: value for name, value in fields.items() if name in known})
 
 
 _HOOKS: dict[str, object] = {}
@@ -348,6 +350,11 @@ def _plan(v: Variant) -> tuple[list, int]:
     keyword = _options_keyword(getattr(m, fwd_name))
     if hook is not None and keyword is not None:
         options[keyword] = dict(hook.example_options or {})
+    if v.family == "flash":  # the benchmark's positions, arange(seq): ordered and affine
+        takes = inspect.signature(m.flash_attention_forward).parameters
+        for name in ("positions_ordered", "positions_affine"):
+            if name in takes:  # (an earlier kernels/ may not take them)
+                options[name] = True
     with common.planned_launches(v.arch) as launches:
         if v.family == "flash":
             out, lse = m.flash_attention_forward(q, k, val, positions, mask, **options)
