@@ -31,6 +31,7 @@ spills more than N bytes per thread. No kernel is run: the cost figures are a st
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -134,6 +135,51 @@ def _compile_job(job: tuple) -> dict:
     return row
 
 
+#: What :func:`_compile_job` returns: a compile row before the target's derived figures.
+JOB_FIELDS = ("warps", "stages", "smem", "regs", "spill_store", "spill_load", "stack", "wgmma",
+              "tcgen5", "mma", "fma", "ok", "error", "loops", "seconds")  # fmt: skip
+#: Fields a fresh compile must reproduce for a reused row to be trusted.
+CHECKED_FIELDS = tuple(f for f in JOB_FIELDS if f != "seconds")
+
+
+def job_key(compile_key: str, arch: int, with_loops: bool) -> str:
+    """A digest of everything a compile row depends on: the launch's compile key (the kernel's
+    source and the sources it calls, hooks included, as Triton hashes them for its own cache;
+    options, signature, constants, specialisation), the target, Triton's and ptxas's versions,
+    and the source of the analysis that reads the machine code (``aot``, ``sass``)."""
+    import triton
+
+    analysis = "".join(Path(m.__file__).read_text(encoding="utf-8") for m in (aot, sass))
+    parts = (compile_key, arch, with_loops, triton.__version__, str(aot.ptxas_version(arch)),
+             analysis)  # fmt: skip
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def _job_fields(row: dict) -> dict:
+    return {k: row[k] for k in JOB_FIELDS if k in row}
+
+
+def _spot_checks(jobs: list[tuple[str, tuple]], reused: dict) -> list[str]:
+    """Which reused compiles are compiled again to check the reuse: per target, the first and
+    the last one planned (plain flash's forward and, usually, the heaviest stick-breaking
+    kernel)."""
+    by_arch: dict[int, list[str]] = {}
+    for key, (v, _i, _loops) in jobs:
+        if key in reused:
+            by_arch.setdefault(v.arch, []).append(key)
+    return [k for keys in by_arch.values() for k in dict.fromkeys((keys[0], keys[-1]))]
+
+
+def _reusable(path: str | None, keys: dict[str, str]) -> dict[str, dict]:
+    """``{compile key: job fields}`` of the rows of the report at ``path`` whose job key matches
+    (:func:`job_key`); empty without a path or a file."""
+    if not path or not Path(path).is_file():
+        return {}
+    prior = {r["job_key"]: r for r in json.loads(Path(path).read_text())["compiles"]
+             if "job_key" in r}  # fmt: skip
+    return {key: _job_fields(prior[jk]) for key, jk in keys.items() if jk in prior}
+
+
 def _tiles(launch) -> tuple[int, int]:
     kw = launch.kwargs
     if "BLOCK_M" in kw and "BLOCK_N" in kw:
@@ -158,18 +204,50 @@ def run_report(args) -> dict:
             refs.append((launch.name, key, _tiles(launch)))
         per_variant.append((v, refs, variants.workspace(v)))
     jobs = list(keyed.items())
+    job_keys = {key: job_key(key, v.arch, loops) for key, (v, _i, loops) in jobs}
+    # Rows of an earlier report for the same compiles are reused once a fresh compile of a few
+    # of them agrees field for field; any disagreement and everything is compiled.
+    reused = _reusable(getattr(args, "reuse", None), job_keys)
+    checked = _spot_checks(jobs, reused)
+    todo = [(key, job) for key, job in jobs if key not in reused or key in checked]
     print(f"gpu_report: {len(vlist)} wrapper calls -> {len(jobs)} distinct compiles "
+          f"({len(reused)} reusable from {args.reuse}, {len(checked)} of them checked) "
+          f"with {args.jobs} job(s)" if reused else
+          f"gpu_report: {len(vlist)} wrapper calls -> {len(jobs)} distinct compiles "
           f"with {args.jobs} job(s)", file=sys.stderr, flush=True)  # fmt: skip
     results: dict[str, dict] = {}
-    done = 0
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for (key, _), row in zip(jobs, pool.map(_compile_job, [j for _, j in jobs]), strict=True):
-            results[key] = row
-            done += 1
-            if done % 20 == 0 or done == len(jobs):
-                print(f"  compiled {done}/{len(jobs)} ({time.time() - t0:.0f} s)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+    reuse_note = None
+
+    def compile_all(todo: list) -> None:
+        done = 0
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for (key, _), row in zip(todo, pool.map(_compile_job, [j for _, j in todo]),
+                                     strict=True):  # fmt: skip
+                results[key] = row
+                done += 1
+                if done % 20 == 0 or done == len(todo):
+                    print(f"  compiled {done}/{len(todo)} ({time.time() - t0:.0f} s)",
+                          file=sys.stderr, flush=True)  # fmt: skip
+
+    compile_all(todo)
+    if reused:
+        differ = [
+            f"{keyed[k][0].name} launch {keyed[k][1]}: {f} {reused[k].get(f)!r} -> "
+            f"{results[k].get(f)!r}"[:300]
+            for k in checked
+            for f in CHECKED_FIELDS
+            if reused[k].get(f) != results[k].get(f)
+        ]
+        if differ:
+            reuse_note = f"rows of {args.reuse} not reused, a fresh compile differs: {differ[0]}"
+            print(f"  {reuse_note}; compiling everything", file=sys.stderr, flush=True)
+            compile_all([(key, job) for key, job in jobs if key not in results])
+        else:
+            for key, row in reused.items():
+                results.setdefault(key, row)
     compiles, spills, notes = [], [], []
+    if reuse_note:
+        notes.append(reuse_note)
     refusals, failures = bf16_refusals(args)
     with ProcessPoolExecutor(max_workers=1) as pool:  # compiles: not in this process
         lowering = dict(zip(args.archs, pool.map(_probe_job, args.archs), strict=True))
@@ -185,7 +263,8 @@ def run_report(args) -> dict:
             if key in index:
                 continue
             r = results[key]
-            row = dict(v.to_dict(), kernel=name, tiles=f"{tiles[0]}x{tiles[1]}", **r)
+            row = dict(v.to_dict(), kernel=name, tiles=f"{tiles[0]}x{tiles[1]}", **r,
+                       job_key=job_keys[key])  # fmt: skip
             gpu = targets.TARGETS[v.arch]
             if r.get("ok"):
                 row.update(targets.occupancy(gpu, r["regs"], r["smem"], r["warps"]))
@@ -256,6 +335,8 @@ def run_report(args) -> dict:
             "turns; both charge in-loop spill traffic at the L1's 128 B/clock per SM",
             seconds=round(time.time() - t0, 1),
             wrapper_calls=len(vlist),
+            reused=0 if reuse_note else len(reused) - len(checked),
+            spot_checked=0 if reuse_note else len(checked),
             hook_users=variants.hook_users(),
         ),
         compiles=compiles,
@@ -459,6 +540,11 @@ def main(argv=None) -> int:
                    "(e.g. an earlier version, for before/after figures)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--cache", default=None, help="Triton cache folder to keep (default: temporary)")
+    p.add_argument("--reuse", default=None, metavar="REPORT",
+                   help="take the rows of this earlier report (e.g. figures/gpu_report.json) "
+                   "whose compile is the same (same kernel and hook sources, launch, target, "
+                   "Triton and ptxas), once a fresh compile of two of them per target agrees "
+                   "field for field; otherwise compile everything")  # fmt: skip
     p.add_argument("--out", default=str(FIGURES / "gpu_report"), help="path stem of .json and .png")
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--fail-on-spill", type=int, default=None)
@@ -500,7 +586,12 @@ def main(argv=None) -> int:
     text += [f"note: {n}" for n in rep.get("notes", [])]
     text += [f"FAIL {f}" for f in rep["failures"]]
     n = len(rep["compiles"])
-    text.append(f"{n} kernels compiled in {rep['meta']['seconds']:.0f} s; "
+    reused = rep["meta"].get("reused", 0)
+    if reused:
+        text.append(f"{reused} of the {n} rows reused from {args.reuse} (their compiles unchanged; "
+                    f"{rep['meta']['spot_checked']} compiled again and identical)")  # fmt: skip
+    text.append(f"{n} kernels {'reported' if reused else 'compiled'} in "
+                f"{rep['meta']['seconds']:.0f} s; "
                 + ("RESULT: FAIL" if rep["failures"] else "RESULT: OK (all compile, fit in "
                    "shared memory, 16-bit dots on tensor cores wherever this Triton has "
                    "them)"))  # fmt: skip

@@ -6,13 +6,18 @@ on synthetic machine code.
 a subset of variants (bf16, fp16 on the T4, head_dim 64 and 128; plain attention causal and
 bidirectional, every score-bias hook in its heaviest combination) and exits 1 on a compile
 error, shared memory over a target's per-block limit, or a 16-bit dot off the tensor cores
-where the compiler has them. About 6-8 minutes on 2 cores; skipped where Triton is not installed.
+where the compiler has them. It reuses the rows of the committed report whose compile is the same
+(``--reuse``: same kernel and hook sources, launch, target, Triton and ptxas), once a fresh compile
+of two of them per target agrees field for field: under a minute when the committed report is up
+to date with the kernels, about 6-8 minutes on 2 cores when it is not (everything compiled).
+Skipped where Triton is not installed.
 """
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,19 +131,59 @@ def test_tiles_follow_the_gpus_shared_memory_and_bf16_is_refused_where_it_has_no
     assert stages == {90: 2, 100: 1}
 
 
-def test_ci_subset_compiles_fits_and_uses_tensor_cores(tmp_path):
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _report(out: Path, *args: str, timeout: int = 600) -> tuple[dict, str]:
+    """Run ``python -m course_lib.gpu_report *args --out out``: (its JSON, its output)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TRITON_DEFAULT_FP_FUSION="1")
     env.pop("TRITON_INTERPRET", None)
-    out = tmp_path / "gpu_report"
     proc = subprocess.run(
-        [sys.executable, "-m", "course_lib.gpu_report", "--ci", "--jobs", "2", "--no-figure",
-         "--out", str(out)],
-        # a guard against a hung compiler, not a speed check: about 6-8 minutes on 2 idle cores,
-        # and 20 minutes measured beside another compile job on the same 2 cores
-        capture_output=True, text=True, env=env, timeout=2400,
+        [sys.executable, "-m", "course_lib.gpu_report", *args, "--no-figure", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=timeout,
     )  # fmt: skip
-    report = json.loads(out.with_suffix(".json").read_text())
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return json.loads(out.with_suffix(".json").read_text()), proc.stdout + proc.stderr
+
+
+def _without_times(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+def test_reused_rows_are_checked_by_a_fresh_compile_and_refused_if_it_differs(tmp_path):
+    one = ("--ci", "--jobs", "2", "--filter", "^flash plain causal D64 bf16 sm90$")
+    first, _ = _report(tmp_path / "first", *one)
+    rows = first["compiles"]
+    assert len(rows) >= 3 and first["meta"]["reused"] == 0
+    # the same compiles: every row reused but the first and last planned, compiled again
+    again, text = _report(tmp_path / "again", *one, "--reuse", str(tmp_path / "first.json"))
+    assert (again["meta"]["reused"], again["meta"]["spot_checked"]) == (len(rows) - 2, 2)
+    assert _without_times(again["compiles"]) == _without_times(rows)
+    assert again["model"] == first["model"] and "rows reused" in text
+    # a row that a fresh compile contradicts: nothing reused, everything compiled, and said
+    tampered = json.loads((tmp_path / "first.json").read_text())
+    tampered["compiles"][0]["regs"] += 1
+    (tmp_path / "tampered.json").write_text(json.dumps(tampered))
+    third, _ = _report(tmp_path / "third", *one, "--reuse", str(tmp_path / "tampered.json"))
+    assert third["meta"]["reused"] == 0
+    assert _without_times(third["compiles"]) == _without_times(rows)
+    (note,) = [n for n in third["notes"] if "not reused" in n]
+    assert "regs" in note, note
+
+
+def test_ci_subset_compiles_fits_and_uses_tensor_cores(tmp_path):
+    out = tmp_path / "gpu_report"
+    report, _ = _report(
+        out,
+        "--ci",
+        "--jobs",
+        "2",
+        "--reuse",
+        str(REPO / "figures" / "gpu_report.json"),
+        # a guard against a hung compiler, not a speed check: about 6-8 minutes on 2 idle cores
+        # when nothing is reused, and 24 minutes measured beside other tests on the same 2 cores
+        timeout=2400,
+    )
     rows = report["compiles"]
     assert rows and all(r["ok"] for r in rows)
     # sm_90, and learners' GPUs with 99 KiB (sm_86) and 64 KiB (sm_75) of shared memory

@@ -110,6 +110,11 @@ def _ptxas(arch: int):
     return get_ptxas(arch)
 
 
+def ptxas_version(arch: int) -> str:
+    """The version of the ptxas Triton assembles ``arch`` with."""
+    return str(_ptxas(arch).version)
+
+
 def tool_versions(archs=(90, 80)) -> str:
     """Triton's version and the ptxas each target is assembled with (Triton picks one per
     target: its Blackwell ptxas from sm_90 on)."""
