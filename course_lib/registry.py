@@ -105,7 +105,10 @@ class Encoding:
     ``qk_transform`` without ``kernel_tables`` (a dense rotation per token, LieRE) is applied to q
     and k by PyTorch before the plain kernel, with autograd through it. An encoding whose
     attention part has no kernel sets ``kernel_support`` to a sentence saying why, and the Triton
-    backend refuses it with that sentence.
+    backend refuses it with that sentence. ``speed_variants``: module keyword arguments of extra
+    cases the GPU check times (``python -m course_lib.gpu_check``) besides the module's defaults,
+    each labelled with its arguments (CoPE's table at the length the course trains, where the
+    default table is as long as the sequence).
 
     Claims, checked for every record by the conformance checks (:mod:`course_lib.conformance`):
     ``relative`` (shift-invariant: shifting every position of a sequence by the same amount
@@ -140,6 +143,7 @@ class Encoding:
     kernel_hooks: tuple = ()
     kernel_attention: Callable | None = None
     kernel_support: str | None = None
+    speed_variants: tuple = ()
     relative: bool = False
     distance_only: bool | None = None
     causal_only: bool = False
@@ -171,6 +175,9 @@ class Encoding:
         elif self.score_bias is not None and self.kernel_bias is None and not self.kernel_support:
             raise ValueError(f"{self.name}: score_bias needs kernel_bias (or kernel_support)")
         object.__setattr__(self, "kernel_hooks", tuple(self.kernel_hooks))
+        object.__setattr__(
+            self, "speed_variants", tuple(MappingProxyType(dict(v)) for v in self.speed_variants)
+        )
         if self.distance_only is None:
             object.__setattr__(self, "distance_only", self.distance_bias is not None)
         elif self.distance_only and self.score_bias is None:

@@ -17,7 +17,8 @@ Forward, per query block: the key blocks are visited from the diagonal block dow
 (nearest first, as the stick-breaking kernel does), carrying per row the sum of the gates of the
 keys already passed. Inside a block a reversed ``tl.cumsum`` adds the gates of the nearer keys of
 the same block, and key ``j`` itself: ``p_ij = carry_i + sum_{l >= j in block} g_il``. The two
-``z`` values of each pair are gathered from ``z`` by the count; the softmax is the online one of
+``z`` values of each pair are gathered from ``z`` by the count, except where the count is capped:
+there both are ``z_i[npos - 1]``, loaded once per row; the softmax is the online one of
 flash attention (the visiting order does not matter to it). The row's log-sum-exp is stored.
 
 Backward. With ``A = softmax(t)``, ``dt_ij = A_ij (dO_i . v_j - delta_i)``, ``delta_i = dO_i .
@@ -36,9 +37,13 @@ stick-breaking backward, solved the same way.
 * Row kernel (one program per query block): pass A walks the key blocks nearest first, stores at
   the entry of each key block the row's running gate sum and running ``u`` sum (checkpoints),
   accumulates ``dz`` and ends with ``U_i``. Pass B walks them again and accumulates ``dq``.
-  ``dz`` rows belong to this program, so it adds each tile's share to them in memory, a chunk of
-  ``CHUNK`` integer positions at a time (only the chunks the tile's counts reach), by comparing
-  ``floor p`` and ``ceil p`` with the chunk's positions: no scatter, no atomics.
+  ``dz`` rows belong to this program, so it adds each tile's share to them in memory, without
+  scatter or atomics. A capped count (``p = npos - 1``: every pair far enough from the diagonal
+  when the table is short) reads ``z_i[npos - 1]`` with weight 1; those ``dt`` are summed per row
+  in registers and added once at the end. The free counts of a row in a tile span
+  ``floor(min p) .. floor(max p) + 1`` (the counts fall as ``j`` nears ``i``); the row's share
+  ``sum_j dt_ij max(0, 1 - |p_ij - n|)`` (the two interpolation weights as one hat) is added over
+  that window, ``CHUNK`` positions at a time.
 * Column kernel (one program per key block): walks the query blocks at or after it; the
   checkpoints give every tile its count and ``u`` offsets, so each tile is exact on its own.
   It accumulates ``dk`` and ``dv``.
@@ -53,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _program_setup, check_dtype_on_gpu
+from .common import Launch, _program_setup, check_dtype_on_gpu, gpu_arch, run_launch
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 
 __all__ = ["cope_backward", "cope_forward", "pick_block"]
@@ -90,6 +95,7 @@ def _cope_tile(
     q,
     k,
     z_base,
+    z_top,
     rows,
     cols,
     row_ok,
@@ -100,25 +106,34 @@ def _cope_tile(
     DOT_PRECISION: tl.constexpr,
 ):
     """One ``[rows, cols]`` tile: ``allowed``, the gates ``g`` (0 where not allowed), the logits
-    ``t`` (-inf where not allowed), the unclamped flag, ``floor p``, ``ceil p``, ``w`` and
-    ``z[c] - z[f]``. ``carry`` ``[rows]``: the gate sum of the keys in the blocks nearer to the
-    query than this one."""
+    ``t`` (-inf where not allowed), ``free`` (allowed and the count below the cap ``npos - 1``,
+    where ``d p / d g = 1``), the counts ``p`` (capped) and ``z[c] - z[f]`` (0 where not free).
+    ``carry`` ``[rows]``: the gate sum of the keys in the blocks nearer to the query than this
+    one; ``z_top`` ``[rows]``: ``z_i[npos - 1]``, the bias of every capped count, so only the
+    free counts gather from ``z`` (far from the diagonal, with a short table, none do)."""
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
     allowed = (cols[None, :] <= rows[:, None]) & row_ok[:, None] & key_ok[None, :]
     g = tl.where(allowed, tl.sigmoid(s), 0.0)
     p = carry[:, None] + tl.cumsum(g, axis=1, reverse=True)  # key j and the nearer keys
     top = (npos - 1).to(tl.float32)
-    free = p < top  # where the clamp does not act (there d p / d g = 1)
+    free = allowed & (p < top)
     p = tl.minimum(p, top)
     lower = tl.floor(p)
     w = p - lower
     f = lower.to(tl.int32)
     c = tl.minimum(f + (w > 0).to(tl.int32), npos - 1)
     z_rows = z_base + rows[:, None] * npos
-    z_f = tl.load(z_rows + f, mask=allowed, other=0.0)
-    z_c = tl.load(z_rows + c, mask=allowed, other=0.0)
-    t = tl.where(allowed, s + (1.0 - w) * z_f + w * z_c, float("-inf"))
-    return allowed, g, t, free, f, c, w, z_c - z_f
+    z_f = tl.load(z_rows + f, mask=free, other=0.0)
+    z_c = tl.load(z_rows + c, mask=free, other=0.0)
+    bias = tl.where(free, (1.0 - w) * z_f + w * z_c, z_top[:, None])
+    t = tl.where(allowed, s + bias, float("-inf"))
+    return allowed, g, t, free, p, z_c - z_f
+
+
+@triton.jit
+def _load_top(z_base, rows, row_ok, npos):
+    """``z_i[npos - 1]`` of the block's rows ``[rows]`` (0 past the end)."""
+    return tl.load(z_base + rows * npos + (npos - 1), mask=row_ok, other=0.0)
 
 
 @triton.jit
@@ -158,6 +173,7 @@ def _cope_fwd_kernel(
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < seq_len
     q = _load_rows(q_base, rows, row_ok, stride_qs, stride_qd, HEAD_DIM)
+    z_top = _load_top(z_base, rows, row_ok, npos)
     num_kb = tl.cdiv(seq_len, BLOCK_N)
     last = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // BLOCK_N, num_kb - 1)
 
@@ -171,8 +187,8 @@ def _cope_fwd_kernel(
             kb, k_base, v_base, mask_base, stride_ks, stride_kd, stride_vs, stride_vd, seq_len,
             HEAD_DIM, BLOCK_N, HAS_MASK,
         )  # fmt: skip
-        allowed, g, t, _free, _f, _c, _w, _dz = _cope_tile(
-            q, k, z_base, rows, cols, row_ok, key_ok, carry, scale, npos, DOT_PRECISION
+        allowed, g, t, _free, _p, _gap = _cope_tile(
+            q, k, z_base, z_top, rows, cols, row_ok, key_ok, carry, scale, npos, DOT_PRECISION
         )
         carry += tl.sum(g, axis=1)
         m_new = tl.maximum(m_i, tl.max(t, axis=1))
@@ -196,17 +212,42 @@ def _cope_fwd_kernel(
 
 
 @triton.jit
-def _backward_tile(q, do, k, v, z_base, rows, cols, row_ok, key_ok, carry, lse, delta, scale,
-                   npos, DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """The tile's ``allowed, g, A, dt, u`` and ``f, c, w`` (see the module docstring)."""
-    allowed, g, t, free, f, c, w, z_gap = _cope_tile(
-        q, k, z_base, rows, cols, row_ok, key_ok, carry, scale, npos, DOT_PRECISION
+def _backward_tile(q, do, k, v, z_base, z_top, rows, cols, row_ok, key_ok, carry, lse, delta,
+                   scale, npos, DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """The tile's ``allowed, g, A, dt, u``, ``free`` and ``p`` (see the module docstring)."""
+    allowed, g, t, free, p, z_gap = _cope_tile(
+        q, k, z_base, z_top, rows, cols, row_ok, key_ok, carry, scale, npos, DOT_PRECISION
     )
     a = tl.where(allowed, tl.exp(t - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     dt = a * (dp - delta[:, None])
-    u = tl.where(allowed & free, dt * z_gap, 0.0)
-    return allowed, g, a, dt, u, f, c, w
+    u = tl.where(free, dt * z_gap, 0.0)
+    return allowed, g, a, dt, u, free, p
+
+
+@triton.jit
+def _add_dz_share(dz_base, rows, row_ok, dt, free, p, npos, CHUNK_SIZE: tl.constexpr):
+    """``dz_i[n] += sum_j dt_ij max(0, 1 - |p_ij - n|)`` over the tile's free counts (the
+    interpolation weights ``1 - w`` at ``floor p`` and ``w`` at ``ceil p`` as one hat).
+
+    Row ``i`` touches only ``floor(min p) .. floor(max p) + 1``; its window starts there, and
+    ``CHUNK_SIZE`` positions of every row's window are added at a time, until the widest
+    window is covered: no scatter, no atomics (the rows are this program's)."""
+    top = (npos - 1).to(tl.float32)
+    start = tl.floor(tl.min(tl.where(free, p, top), axis=1))  # [rows]
+    last = tl.floor(tl.max(tl.where(free, p, -1.0), axis=1)) + 1.0
+    has_free = row_ok & (last >= 0.0)
+    width = tl.max(tl.where(has_free, last - start + 1.0, 0.0)).to(tl.int32)
+    dt_free = tl.where(free, dt, 0.0)
+    offsets = tl.arange(0, CHUNK_SIZE).to(tl.float32)
+    for n0 in range(0, width, CHUNK_SIZE):
+        n = start[:, None] + (n0 + offsets)[None, :]  # [rows, CHUNK]
+        hat = tl.maximum(1.0 - tl.abs(p[:, :, None] - n[:, None, :]), 0.0)
+        share = tl.sum(dt_free[:, :, None] * hat, axis=1)
+        n_int = n.to(tl.int32)
+        keep = has_free[:, None] & (n_int < npos)
+        ptrs = dz_base + rows[:, None] * npos + n_int
+        tl.store(ptrs, tl.load(ptrs, mask=keep, other=0.0) + share, mask=keep)
 
 
 @triton.jit
@@ -235,11 +276,12 @@ def _cope_bwd_rows_kernel(
     ckpt_g_base = ckpt_g_ptr + bh * num_kb * seq_len
     ckpt_u_base = ckpt_u_ptr + bh * num_kb * seq_len
     dz_base = dz_ptr + bh * seq_len * npos
-    positions = tl.arange(0, CHUNK_SIZE)
+    z_top = _load_top(z_base, rows, row_ok, npos)
 
     # Pass A: checkpoints at each key block's entry, dz, and the row totals U_i.
     carry = tl.zeros([BLOCK], dtype=tl.float32)
     u_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    capped = tl.zeros([BLOCK], dtype=tl.float32)  # sum of dt over the capped counts
     for step in range(pid_m + 1):
         kb = pid_m - step
         tl.store(ckpt_g_base + kb * seq_len + rows, carry, mask=row_ok)
@@ -248,25 +290,17 @@ def _cope_bwd_rows_kernel(
             kb, k_base, v_base, mask_base, stride_ks, stride_kd, stride_vs, stride_vd, seq_len,
             HEAD_DIM, BLOCK, HAS_MASK,
         )  # fmt: skip
-        allowed, g, _a, dt, u, f, c, w = _backward_tile(
-            q, do, k, v, z_base, rows, cols, row_ok, key_ok, carry, lse, delta, scale, npos,
-            DOT_PRECISION,
+        _allowed, g, _a, dt, u, free, p = _backward_tile(
+            q, do, k, v, z_base, z_top, rows, cols, row_ok, key_ok, carry, lse, delta, scale,
+            npos, DOT_PRECISION,
         )  # fmt: skip
         carry += tl.sum(g, axis=1)
         u_sum += tl.sum(u, axis=1)
-        # dz_i[n] += sum_j dt_ij ((1 - w) [f = n] + w [c = n]), over the chunks the counts reach
-        lo = tl.min(tl.where(allowed, f, npos))
-        hi = tl.max(tl.where(allowed, c, -1)) + 1
-        dt_lower = dt * (1.0 - w)
-        dt_upper = dt * w
-        for n0 in range((lo // CHUNK_SIZE) * CHUNK_SIZE, hi, CHUNK_SIZE):
-            n = n0 + positions  # [CHUNK]
-            hit_f = (f[:, :, None] == n[None, None, :]).to(tl.float32)
-            hit_c = (c[:, :, None] == n[None, None, :]).to(tl.float32)
-            share = tl.sum(dt_lower[:, :, None] * hit_f + dt_upper[:, :, None] * hit_c, axis=1)
-            ptrs = dz_base + rows[:, None] * npos + n[None, :]
-            keep = row_ok[:, None] & (n[None, :] < npos)
-            tl.store(ptrs, tl.load(ptrs, mask=keep, other=0.0) + share, mask=keep)
+        capped += tl.sum(tl.where(free, 0.0, dt), axis=1)  # dt is 0 where not allowed
+        _add_dz_share(dz_base, rows, row_ok, dt, free, p, npos, CHUNK_SIZE)
+    # every capped count reads z_i[npos - 1] with weight 1
+    top_ptrs = dz_base + rows * npos + (npos - 1)
+    tl.store(top_ptrs, tl.load(top_ptrs, mask=row_ok, other=0.0) + capped, mask=row_ok)
     total = u_sum
     tl.store(total_ptr + bh * seq_len + rows, total, mask=row_ok)
 
@@ -280,9 +314,9 @@ def _cope_bwd_rows_kernel(
             kb, k_base, v_base, mask_base, stride_ks, stride_kd, stride_vs, stride_vd, seq_len,
             HEAD_DIM, BLOCK, HAS_MASK,
         )  # fmt: skip
-        allowed, g, _a, dt, u, _f, _c, _w = _backward_tile(
-            q, do, k, v, z_base, rows, cols, row_ok, key_ok, carry, lse, delta, scale, npos,
-            DOT_PRECISION,
+        allowed, g, _a, dt, u, _free, _p = _backward_tile(
+            q, do, k, v, z_base, z_top, rows, cols, row_ok, key_ok, carry, lse, delta, scale,
+            npos, DOT_PRECISION,
         )  # fmt: skip
         nearer = u_sum[:, None] + tl.cumsum(u, axis=1, reverse=True) - u
         ds = tl.where(allowed, dt + (total[:, None] - nearer) * g * (1.0 - g), 0.0)
@@ -334,9 +368,10 @@ def _cope_bwd_cols_kernel(
         total = tl.load(total_ptr + bh * seq_len + rows, mask=row_ok, other=0.0)
         carry = tl.load(ckpt_g_base + rows, mask=row_ok, other=0.0)
         u_before = tl.load(ckpt_u_base + rows, mask=row_ok, other=0.0)
-        allowed, g, a, dt, u, _f, _c, _w = _backward_tile(
-            q, do, k, v, z_base, rows, cols, row_ok, key_ok, carry, lse, delta, scale, npos,
-            DOT_PRECISION,
+        z_top = _load_top(z_base, rows, row_ok, npos)
+        allowed, g, a, dt, u, _free, _p = _backward_tile(
+            q, do, k, v, z_base, z_top, rows, cols, row_ok, key_ok, carry, lse, delta, scale,
+            npos, DOT_PRECISION,
         )  # fmt: skip
         nearer = u_before[:, None] + tl.cumsum(u, axis=1, reverse=True) - u
         ds = tl.where(allowed, dt + (total[:, None] - nearer) * g * (1.0 - g), 0.0)
@@ -362,7 +397,7 @@ def pick_block(device: torch.device, block: int | None = None) -> int:
         if not isinstance(block, int) or block < 16 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 16, got {block!r}")
         return block
-    return 32 if device.type == "cuda" else 64
+    return 64 if gpu_arch(device) is None else 32
 
 
 def _check(q, k, v, z, key_mask) -> None:
@@ -429,13 +464,16 @@ def cope_forward(
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch * heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, size), batch * heads)
-    _cope_fwd_kernel[grid](
+    args = (
         q, k, v, z, out, lse, _mask_arg(q, key_mask),
         *q.stride(), *k.stride(), *v.stride(),
         heads, seq, z.shape[3], float(scale),
+    )  # fmt: skip
+    switches = dict(
         HEAD_DIM=head_dim, BLOCK_M=size, BLOCK_N=size, HAS_MASK=key_mask is not None,
         DOT_PRECISION=_precision(q.dtype),
     )  # fmt: skip
+    run_launch(Launch("forward", _cope_fwd_kernel, grid, args, switches))
     return out, lse
 
 
@@ -482,12 +520,10 @@ def cope_backward(
         HEAD_DIM=head_dim, BLOCK=size, HAS_MASK=key_mask is not None,
         DOT_PRECISION=_precision(q.dtype),
     )  # fmt: skip
-    _cope_bwd_rows_kernel[grid](
-        q, k, v, z, grad_out, lse, delta, dq, dz, total, ckpt_g, ckpt_u, mask, *common,
-        CHUNK_SIZE=CHUNK, **switches,
-    )  # fmt: skip
-    _cope_bwd_cols_kernel[grid](
-        q, k, v, z, grad_out, lse, delta, dk, dv, total, ckpt_g, ckpt_u, mask, *common,
-        **switches,
-    )  # fmt: skip
+    rows = (q, k, v, z, grad_out, lse, delta, dq, dz, total, ckpt_g, ckpt_u, mask, *common)
+    run_launch(
+        Launch("bwd_rows", _cope_bwd_rows_kernel, grid, rows, dict(switches, CHUNK_SIZE=CHUNK))
+    )
+    cols = (q, k, v, z, grad_out, lse, delta, dk, dv, total, ckpt_g, ckpt_u, mask, *common)
+    run_launch(Launch("bwd_cols", _cope_bwd_cols_kernel, grid, cols, switches))
     return dq, dk, dv, dz

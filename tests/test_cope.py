@@ -217,6 +217,35 @@ def test_kernel_matches_reference_forward_and_backward(seq, npos, padded):
 
 
 @needs_kernels
+@pytest.mark.parametrize("npos", [80, 40])  # never capped; capped from about 40 keys back
+def test_kernel_dz_over_windows_wider_than_one_chunk(npos):
+    """Gates near 1 (q and k share a direction): a row's counts across a 64-key tile span about
+    60 positions, four chunks of the backward's ``dz`` window, and with ``npos = 40`` a tile
+    holds capped and free counts side by side."""
+    from course_lib.cope_ops import cope_attention
+    from kernels.cope import CHUNK
+
+    q, k, v, table = (t.detach() for t in _kernel_case(1, 2, 70, npos, seed=5))
+    shared = torch.full((16,), 1.0, device=q.device)  # |shared| = 4
+    q, k = q / 1.5 + shared, k + shared  # scores about 16 / 4: gates about 0.98
+    q, k, v, table = (t.requires_grad_() for t in (q, k, v, table))
+    ref = attention(q.double(), k.double(), v.double(), method="cope", causal=True,
+                    position_embeddings=table.double())  # fmt: skip
+    gates = torch.sigmoid(q.detach() @ k.detach().transpose(-1, -2) / 4).tril()
+    # the last row of block 0 spans more than three chunks
+    assert gates[0, :, 63, :64].sum(-1).min() > 3 * CHUNK
+    out = cope_attention(q, k, v, table, block=64)
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+    upstream = torch.randn(q.shape, generator=gen(2)).to(q.device)
+    grads_ref = torch.autograd.grad((ref * upstream.double()).sum(), (q, k, v, table))
+    grads_out = torch.autograd.grad((out * upstream).sum(), (q, k, v, table))
+    for name, a, b in zip("q k v e".split(), grads_out, grads_ref, strict=True):
+        # float32 sums of about 60 gates per count: error relative to the gradient's scale
+        error = (a.double() - b).abs().max() / b.abs().max()
+        assert error < 3e-4, f"d{name}: max error {error:.1e} of the largest |d{name}|"
+
+
+@needs_kernels
 def test_kernel_through_the_backend_and_errors():
     from course_lib.cope_ops import cope_attention
 

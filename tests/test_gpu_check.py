@@ -240,6 +240,26 @@ def test_the_flex_baseline_compiles_once_and_builds_each_causal_mask_once(monkey
                                                    "table per distance"]  # fmt: skip
 
 
+def test_a_records_speed_variants_are_timed_beside_its_defaults_and_labelled():
+    # CoPE's default table is as long as the sequence; the course trains it with 64 positions
+    plan = speed.speed_cases((1024, 4096), (64,), "bf16")
+    cope = [c for c in plan if c.method == "cope"]
+    assert [c.label for c in cope] == ["cope", "cope npos=64"] * 2
+    assert sum(c.options == () for c in plan) == len(attention_methods()) * 2
+    enc = attention_methods()["cope"]
+    tables = {}
+    for case in cope[:2]:
+        inputs = cases.make_inputs(enc, batch=1, heads=2, seq=case.seq, head_dim=16,
+                                   dtype="fp32", device="cpu", module_options=dict(case.options))  # fmt: skip
+        tables[case.label] = tuple(inputs.params["position_embeddings"].shape)
+    assert tables == {"cope": (1024, 16), "cope npos=64": (64, 16)}
+    assert speed._record(cope[1], "kernel", "fwd")["method"] == "cope npos=64"
+    # every record's variants are arguments its module takes
+    for enc in attention_methods().values():
+        for variant in enc.speed_variants if enc else ():
+            enc.module(64, 4, max_position_embeddings=512, **variant)
+
+
 def test_a_bias_of_alibis_form_is_one_slope_per_head_and_others_are_tables():
     enc = attention_methods()["alibi"]
     inputs = cases.make_inputs(enc, batch=1, heads=4, seq=8, head_dim=16, dtype="fp32",

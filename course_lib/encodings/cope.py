@@ -182,6 +182,7 @@ register(
         params={"position_embeddings": REQUIRED},
         check_params=check_cope_params,
         kernel_attention=cope_kernel_attention,
+        speed_variants=({"npos": 64},),  # the course's models count up to 63
         relative=True,  # position ids are never read: shifting them changes nothing
         causal_only=True,
         learnable=True,

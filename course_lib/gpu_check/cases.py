@@ -52,16 +52,20 @@ def method_params(
     seq: int,
     device,
     seed: int = 0,
+    module_options: dict | None = None,
 ) -> dict:
     """The keyword parameters ``attention(method=...)`` takes for ``encoding``, from its own
-    module: its learned tensors moved away from their initial values (so a gradient that should
-    matter does) and the terms it computes from hidden states ``[batch, seq, hidden]``. Float
-    tensors are float32 leaves, as in a model."""
+    module (built with ``module_options``, e.g. one of the record's ``speed_variants``): its
+    learned tensors moved away from their initial values (so a gradient that should matter does)
+    and the terms it computes from hidden states ``[batch, seq, hidden]``. Float tensors are
+    float32 leaves, as in a model."""
     if encoding is None:
         return {}
     gen = torch.Generator().manual_seed(seed)
     hidden = heads * head_dim
-    module = encoding.module(hidden, heads, max_position_embeddings=max(seq, 512))
+    module = encoding.module(
+        hidden, heads, max_position_embeddings=max(seq, 512), **(module_options or {})
+    )
     with torch.no_grad():
         for name, p in module.named_parameters():
             if name.split(".")[0] not in _PROJECTIONS:
@@ -101,14 +105,17 @@ def make_inputs(
     dtype: str,
     device,
     seed: int = 0,
+    module_options: dict | None = None,
 ) -> Inputs:
-    """Seeded inputs of one case (``dtype`` a key of :data:`DTYPES`)."""
+    """Seeded inputs of one case (``dtype`` a key of :data:`DTYPES`; ``module_options``: see
+    :func:`method_params`)."""
     gen = torch.Generator().manual_seed(seed)
     shape = (batch, heads, seq, head_dim)
     q, k, v, g = (torch.randn(shape, generator=gen).to(device, DTYPES[dtype]) for _ in range(4))
     params = method_params(
-        encoding, batch=batch, heads=heads, head_dim=head_dim, seq=seq, device=device, seed=seed + 1
-    )
+        encoding, batch=batch, heads=heads, head_dim=head_dim, seq=seq, device=device,
+        seed=seed + 1, module_options=module_options,
+    )  # fmt: skip
     return Inputs(q, k, v, g, positions_for(encoding, seq, device), params)
 
 

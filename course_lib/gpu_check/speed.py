@@ -71,16 +71,28 @@ class SpeedCase:
     batch: int
     heads: int
     causal: bool = True
+    options: tuple = ()  # (name, value) pairs: one of the record's speed_variants
+
+    @property
+    def label(self) -> str:
+        """The method, and the module arguments of a variant: ``cope npos=64``."""
+        return " ".join([self.method, *(f"{k}={v}" for k, v in self.options)])
 
 
 def speed_cases(seqs, head_dims, dtype: str, tokens: int = TOKENS,
                 hidden: int = HIDDEN) -> list[SpeedCase]:  # fmt: skip
-    """Every method at every (head_dim, seq), causal, at the shape of :func:`speed_shape`."""
+    """Every method at every (head_dim, seq), causal, at the shape of :func:`speed_shape`; a
+    method whose record lists ``speed_variants`` also with each of them."""
+    variants = {
+        name: [(), *(tuple(v.items()) for v in (enc.speed_variants if enc else ()))]
+        for name, enc in methods().items()
+    }
     return [
-        SpeedCase(name, d, n, dtype, *speed_shape(n, d, tokens, hidden))
+        SpeedCase(name, d, n, dtype, *speed_shape(n, d, tokens, hidden), options=options)
         for d in head_dims
         for n in seqs
         for name in methods()
+        for options in variants[name]
     ]
 
 
@@ -418,7 +430,7 @@ def time_one(device, fn: Attention, inputs, pass_: str) -> tuple[float, int]:
 
 def _record(case: SpeedCase, contender: str, pass_: str) -> dict:
     return dict(
-        method=case.method, contender=contender, head_dim=case.head_dim, seq=case.seq,
+        method=case.label, contender=contender, head_dim=case.head_dim, seq=case.seq,
         batch=case.batch, heads=case.heads, dtype=case.dtype, causal=case.causal, pass_=pass_,
         ms=None, peak_mib=None, status="ok",
     )  # fmt: skip
@@ -437,6 +449,7 @@ def measure_case(device, case: SpeedCase) -> list[dict]:
             head_dim=case.head_dim,
             dtype=case.dtype,
             device=device.torch_device,
+            module_options=dict(case.options),
         )
     except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
         return [
