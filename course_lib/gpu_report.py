@@ -1,7 +1,7 @@
 """GPU readiness of the fused kernels without a GPU: compile, fit, tensor cores, a static model.
 
 ``python -m course_lib.gpu_report`` compiles, ahead of time, every launch the kernel wrappers
-(``kernels/flash.py``, ``kernels/stick_breaking.py``) issue for the benchmark shape (seq 8192,
+(``kernels/flash.py``, ``kernels/stick_breaking.py``, ``kernels/cope.py``) issue for the benchmark shape (seq 8192,
 batch 2, heads 2048 / head_dim, projections viewed as ``[batch, heads, seq, head_dim]``) for an
 H100 (sm_90) and an A100 (sm_80) (``--archs`` adds learners' GPUs: sm_75 T4, sm_86 A10 / RTX
 30xx, sm_89 L4 / RTX 40xx, sm_100, sm_120; ``--ci`` compiles sm_90, sm_86 and sm_75), and
@@ -66,6 +66,8 @@ def _variant_list(args) -> list[variants.Variant]:
                         for f in feats[family]:
                             if args.ci and not causal and f.hook is not None:
                                 continue  # --ci: bidirectional for plain only
+                            if family == "cope" and not causal:
+                                continue  # CoPE is causal only
                             out.append(variants.Variant(family, f, causal, d, dtype, arch))
     if args.filter:
         out = [v for v in out if re.search(args.filter, v.name)]
@@ -289,7 +291,7 @@ def run_report(args) -> dict:
     # The static model: sm_90 variants with loops.
     costs = []
     for v, refs, work in per_variant:
-        if v.arch != 90:
+        if v.arch != 90 or v.family not in model.FAMILIES:
             continue
         entry = dict(v.to_dict(), workspace_bwd=work)
         try:
@@ -522,16 +524,18 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="bf16, head_dim 64 and 128 only")
     p.add_argument("--full", action="store_true", help="more feature combinations")
     p.add_argument("--ci", action="store_true",
-                   help="the CI subset: --quick, plain (causal and bidirectional) and each hook's "
-                   "heaviest combination (causal), for sm_90 and, at the widest head only, two "
-                   "learners' GPUs with less shared memory (sm_86: 99 KiB, sm_75: 64 KiB)")  # fmt: skip
+                   help="the CI subset: --quick, plain (causal and bidirectional), each hook's "
+                   "heaviest combination and CoPE's scan (causal), for sm_90 and, at the widest "
+                   "head only, two learners' GPUs with less shared memory (sm_86: 99 KiB, "
+                   "sm_75: 64 KiB)")  # fmt: skip
     p.add_argument(
         "--archs", type=int, nargs="+", default=None, choices=sorted(targets.TARGETS),
         help="targets (default: 90 80; with --ci: 90 86 75)",
     )  # fmt: skip
     p.add_argument("--dims", type=int, nargs="+", default=None)
     p.add_argument("--dtypes", nargs="+", default=None, choices=sorted(variants.DTYPES))
-    p.add_argument("--families", nargs="+", default=["flash", "stick"], choices=["flash", "stick"])
+    p.add_argument("--families", nargs="+", default=["flash", "stick", "cope"],
+                   choices=["flash", "stick", "cope"])  # fmt: skip
     p.add_argument(
         "--filter", default=None, help="regex on 'family features causal|bidir D dtype smNN'"
     )

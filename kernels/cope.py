@@ -58,7 +58,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import Launch, _program_setup, check_dtype_on_gpu, gpu_arch, run_launch
+from .common import (
+    Launch,
+    _program_setup,
+    check_dtype_on_gpu,
+    gpu_arch,
+    run_launch,
+    smem_per_block,
+)
 from .limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS, MAX_BATCH_HEADS
 
 __all__ = ["cope_backward", "cope_forward", "pick_block"]
@@ -389,15 +396,23 @@ def _cope_bwd_cols_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-def pick_block(device: torch.device, block: int | None = None) -> int:
+# Shared memory of the column kernel per element of a [BLOCK, head_dim] tile, bytes: 68 KiB at
+# 32 x 128 on sm_75 (``python -m course_lib.gpu_report``; 57 KiB from sm_80 on).
+_COLUMN_SMEM_PER_ELEMENT = 17
+
+
+def pick_block(device: torch.device, head_dim: int, block: int | None = None) -> int:
     """Tile size: ``block`` if given (a power of two >= 16), else 64 in the interpreter (fewer,
     larger tiles run fastest there) and 32 on a GPU (the backward's ``[BLOCK, BLOCK, CHUNK]``
-    comparison of counts with positions lives in registers)."""
+    comparison of counts with positions lives in registers), 16 where a 32-row tile of the
+    column kernel would not fit the GPU's shared memory per block (sm_75 at head_dim 128)."""
     if block is not None:
         if not isinstance(block, int) or block < 16 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 16, got {block!r}")
         return block
-    return 64 if gpu_arch(device) is None else 32
+    if gpu_arch(device) is None:
+        return 64
+    return 32 if _COLUMN_SMEM_PER_ELEMENT * 32 * head_dim <= smem_per_block(device) else 16
 
 
 def _check(q, k, v, z, key_mask) -> None:
@@ -460,7 +475,7 @@ def cope_forward(
     """
     _check(q, k, v, z, key_mask)
     batch, heads, seq, head_dim = q.shape
-    size = pick_block(q.device, block)
+    size = pick_block(q.device, head_dim, block)
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch * heads, seq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(seq, size), batch * heads)
@@ -498,7 +513,7 @@ def cope_backward(
     if grad_out.shape != q.shape:
         raise ValueError(f"grad_out must have shape {tuple(q.shape)}, got {tuple(grad_out.shape)}")
     batch, heads, seq, head_dim = q.shape
-    size = pick_block(q.device, block)
+    size = pick_block(q.device, head_dim, block)
     num_blocks = triton.cdiv(seq, size)
     f32 = {"dtype": torch.float32, "device": q.device}
     grad_out = grad_out.to(q.dtype)

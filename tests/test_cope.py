@@ -246,6 +246,20 @@ def test_kernel_dz_over_windows_wider_than_one_chunk(npos):
 
 
 @needs_kernels
+def test_gpu_tiles_fit_the_shared_memory_of_the_target():
+    """The column kernel at 32 x 128 asks 68 KiB on sm_75 (64 KiB per block): 16 rows there
+    (``python -m course_lib.gpu_report`` compiles both and checks them against the limit)."""
+    from kernels import common
+    from kernels.cope import pick_block
+
+    sizes = {}
+    for arch in (90, 86, 75):
+        with common.planned_launches(arch):
+            sizes[arch] = [pick_block(torch.device("meta"), d) for d in (64, 128)]
+    assert sizes == {90: [32, 32], 86: [32, 32], 75: [32, 16]}
+
+
+@needs_kernels
 def test_kernel_through_the_backend_and_errors():
     from course_lib.cope_ops import cope_attention
 

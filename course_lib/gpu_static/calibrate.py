@@ -105,7 +105,7 @@ METHODS = {
     "stick_breaking": ("stick", "plain", False),
 }
 UNMODELLED = {
-    "cope": "its own kernels (kernels/cope.py), which the report does not compile",
+    "cope": "its own kernels (kernels/cope.py), which the report compiles but does not model",
     "liere": "q and k transformed in PyTorch (dense rotations) before the plain kernel; the "
     "report models only the kernels",
     "comrope": "q and k transformed in PyTorch before the plain kernel; the report models only "

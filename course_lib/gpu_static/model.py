@@ -89,6 +89,8 @@ SB_REFERENCE_NAME = "stick-breaking paper's reference kernel (causal, bf16)"
 
 # Passes over the tokens, with no inner loop (the launches' names).
 PER_TOKEN_PASSES = ("delta", "encode_q", "encode_k", "decode_q", "decode_k")
+#: The kernel families whose tile loops the model costs (CoPE's scan is compiled, not modelled).
+FAMILIES = ("flash", "stick")
 # DRAM bytes per SM per clock on an H100 SXM (NVIDIA's datasheet: 3.35 TB/s of HBM3, 132 SMs,
 # 1.98 GHz boost clock); an H200 has 4.8 TB/s, so this is the slower of the two.
 DRAM_BYTES_PER_SM_CYCLE = 3.35e12 / (132 * 1.98e9)

@@ -56,6 +56,7 @@ __all__ = [
 # and heads 2048 / head_dim.
 BENCH_TOKENS, BENCH_HIDDEN, BENCH_SEQ = 16384, 2048, 8192
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+COPE_NPOS = 64  # CoPE's position table in the report (a runtime size: it changes no compile)
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 _PACKAGE = "_gpu_static_kernels"
 
@@ -72,7 +73,7 @@ def kernel_package():
         pkg = importlib.util.module_from_spec(spec)
         sys.modules[_PACKAGE] = pkg
         spec.loader.exec_module(pkg)
-        for name in ("common", "score_bias", "qk_transform", "flash", "stick_breaking"):
+        for name in ("common", "score_bias", "qk_transform", "flash", "stick_breaking", "cope"):
             importlib.import_module(f"{_PACKAGE}.{name}")
     finally:
         if saved is not None:
@@ -240,6 +241,8 @@ def feature_sets(full: bool, family: str | None = None) -> list[Features]:
     with a gain alone, each hook with tables but no gain and with no tables, the half pair
     layout and a key-padding mask.
     """
+    if family == "cope":  # CoPE's own scan: no tables, no hooks
+        return [Features()]
     chosen = {
         name: hook for name, hook in hooks().items() if family is None or family in _families(hook)
     }
@@ -347,7 +350,7 @@ def _plan(v: Variant) -> tuple[list, int]:
     )
     fwd_name = "flash_attention_forward" if v.family == "flash" else "stick_breaking_forward"
     m = _module("flash" if v.family == "flash" else "stick_breaking")
-    keyword = _options_keyword(getattr(m, fwd_name))
+    keyword = _options_keyword(getattr(m, fwd_name))  # (CoPE takes none of these options)
     if hook is not None and keyword is not None:
         options[keyword] = dict(hook.example_options or {})
     if v.family == "flash":  # the benchmark's positions, arange(seq): ordered and affine
@@ -363,6 +366,12 @@ def _plan(v: Variant) -> tuple[list, int]:
                 grad_out, q, k, val, out, lse, positions, mask, bias_grad=f.grad, encoded=True,
                 **options,
             )  # fmt: skip
+        elif v.family == "cope":  # causal only; z [batch, heads, seq, npos], the course's npos
+            z = torch.empty(batch, heads, seq, COPE_NPOS, dtype=torch.float32, **meta)
+            m = _module("cope")
+            out, lse = m.cope_forward(q, k, val, z, mask, scale=options["scale"])
+            n_forward = len(launches)
+            m.cope_backward(grad_out, q, k, val, z, out, lse, mask, scale=options["scale"])
         elif v.family == "stick":
             out, mass = m.stick_breaking_forward(q, k, val, positions, mask, **options)
             n_forward = len(launches)
