@@ -147,12 +147,18 @@ CHECKED_FIELDS = tuple(f for f in JOB_FIELDS if f != "seconds")
 def job_key(compile_key: str, arch: int, with_loops: bool) -> str:
     """A digest of everything a compile row depends on: the launch's compile key (the kernel's
     source and the sources it calls, hooks included, as Triton hashes them for its own cache;
-    options, signature, constants, specialisation), the target, Triton's and ptxas's versions,
-    and the source of the analysis that reads the machine code (``aot``, ``sass``)."""
+    options, signature, constants, specialisation; the paths into Triton's installation it holds
+    made relative, so that another virtual environment gets the same digest), the target,
+    Triton's and ptxas's versions, and the source of the analysis that reads the machine code
+    (``aot``, ``sass``)."""
     import triton
 
     analysis = "".join(Path(m.__file__).read_text(encoding="utf-8") for m in (aot, sass))
-    parts = (compile_key, arch, with_loops, triton.__version__, str(aot.ptxas_version(arch)),
+    # the options name files of Triton's installation (libdevice): the same in any environment
+    portable = compile_key
+    for folder in {Path(triton.__file__).parent, Path(triton.__file__).resolve().parent}:
+        portable = portable.replace(str(folder), "<triton>")
+    parts = (portable, arch, with_loops, triton.__version__, str(aot.ptxas_version(arch)),
              analysis)  # fmt: skip
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 

@@ -171,6 +171,17 @@ def test_reused_rows_are_checked_by_a_fresh_compile_and_refused_if_it_differs(tm
     assert "regs" in note, note
 
 
+def test_a_job_key_is_the_same_in_another_virtual_environment():
+    """Compile keys name files of Triton's installation (libdevice): a fresh clone's own
+    environment must find the committed rows all the same."""
+    from course_lib.gpu_report import job_key
+
+    here = Path(triton.__file__).parent
+    key = f"('extern_libs', (('libdevice', '{here}/backends/nvidia/lib/libdevice.10.bc'),))"
+    assert job_key(key, 90, True) == job_key(key.replace(str(here), "<triton>"), 90, True)
+    assert job_key(key, 90, True) != job_key(key, 86, True)
+
+
 def test_ci_subset_compiles_fits_and_uses_tensor_cores(tmp_path):
     out = tmp_path / "gpu_report"
     report, _ = _report(
