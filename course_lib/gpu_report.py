@@ -31,6 +31,7 @@ spills more than N bytes per thread. No kernel is run: the cost figures are a st
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -144,6 +145,12 @@ JOB_FIELDS = ("warps", "stages", "smem", "regs", "spill_store", "spill_load", "s
 CHECKED_FIELDS = tuple(f for f in JOB_FIELDS if f != "seconds")
 
 
+@functools.cache
+def _analysis_source() -> str:
+    """The source of the code that reads compiled kernels (read once per process)."""
+    return "".join(Path(m.__file__).read_text(encoding="utf-8") for m in (aot, sass))
+
+
 def job_key(compile_key: str, arch: int, with_loops: bool) -> str:
     """A digest of everything a compile row depends on: the launch's compile key (the kernel's
     source and the sources it calls, hooks included, as Triton hashes them for its own cache;
@@ -153,7 +160,7 @@ def job_key(compile_key: str, arch: int, with_loops: bool) -> str:
     (``aot``, ``sass``)."""
     import triton
 
-    analysis = "".join(Path(m.__file__).read_text(encoding="utf-8") for m in (aot, sass))
+    analysis = _analysis_source()
     # the options name files of Triton's installation (libdevice): the same in any environment
     portable = compile_key
     for folder in {Path(triton.__file__).parent, Path(triton.__file__).resolve().parent}:
