@@ -333,7 +333,10 @@ def _triton(q, k, v, method, encoding, causal, key_padding_mask, key_pos, params
                     "kernel_bias return a ScoreBias, or raise saying why)"
                 )
         elif encoding.distance_bias is not None:  # plain torch: the kernels read it as a table
-            bias = distance_score_bias(encoding.distance_bias, key_pos, params, q.shape[1])
+            reach = None if encoding.distance_reach is None else encoding.distance_reach(params)
+            bias = distance_score_bias(
+                encoding.distance_bias, key_pos, params, q.shape[1], reach=reach
+            )
             if bias is None:
                 raise ValueError(
                     f"backend='triton' reads method={method!r}'s bias by distance from a table "

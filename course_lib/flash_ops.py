@@ -69,7 +69,8 @@ class KernelCall:
     or None; ``bias_options``: its compile-time options; ``positions_ordered``: the positions
     never decrease along a sequence (checked only for a hook whose split form needs it);
     ``positions_affine``: each sequence's positions are ``p_0 + step * index`` (default
-    positions are), so the kernels compute them instead of loading them.
+    positions are), so the kernels compute them instead of loading them; ``far_reach``: the
+    score bias's (``ScoreBias.far_reach``).
     """
 
     scale: float
@@ -81,6 +82,7 @@ class KernelCall:
     bias_options: dict | None = None
     positions_ordered: bool = False
     positions_affine: bool = False
+    far_reach: int | None = None
 
     def launch_options(self, causal: bool, bias_tensor: torch.Tensor | None) -> dict:
         """The keyword arguments of a family's forward and backward launchers."""
@@ -150,7 +152,7 @@ def prepare_kernel_call(
             )
         tensors += [qk_tables.cos, qk_tables.sin, qk_tables.gain]
         tensors += [qk_tables.key_cos, qk_tables.key_sin]
-    hook = tensor = options = None
+    hook = tensor = options = far_reach = None
     if score_bias is not None:
         if not isinstance(score_bias, ScoreBias):
             raise TypeError(
@@ -158,6 +160,7 @@ def prepare_kernel_call(
             )
         hook = resolve_hook(score_bias.hook)
         tensor, options = _bias_tensor(score_bias, hook, kernel), dict(score_bias.options)
+        far_reach = score_bias.far_reach
         tensors.append(tensor)
     check_kernel_tensors(*tensors)
     ordered = affine = False  # default positions are both; given ones are looked at once each
@@ -165,7 +168,9 @@ def prepare_kernel_call(
         affine = not given_positions or position_steps(positions) is not None
         if getattr(hook, "split_ordered", False) and causal:
             ordered = not given_positions or positions_ordered(positions)
-    return KernelCall(scale, positions, mask, qk_tables, hook, tensor, options, ordered, affine)
+    return KernelCall(
+        scale, positions, mask, qk_tables, hook, tensor, options, ordered, affine, far_reach
+    )
 
 
 def _bias_tensor(score_bias: ScoreBias, hook, kernel: str) -> torch.Tensor | None:
@@ -238,6 +243,7 @@ class _FusedAttentionFunction(torch.autograd.Function):
         if family.module == "flash":  # how the flash loops may read the positions
             options["positions_ordered"] = call.positions_ordered
             options["positions_affine"] = call.positions_affine
+            options["bias_far_reach"] = call.far_reach
         launch = getattr(kernels, family.forward)
         if call.qk_tables is not None:
             q, k = load_kernel_module("qk_transform").encode_qk(q, k, call.qk_tables)

@@ -204,11 +204,18 @@ def _tiles(launch) -> tuple[int, int]:
     return kw.get("BLOCK_M", 0), kw.get("HEAD_DIM", 0)
 
 
+def _far_rows(launch) -> int:
+    """The rows of a flash dK/dV kernel's far tiles (``FAR_BLOCK_M``; 0: no far loop)."""
+    kw = launch.kwargs
+    return kw.get("FAR_BLOCK_M", 0) if kw.get("BIAS_FAR") is not None else 0
+
+
 def run_report(args) -> dict:
     t0 = time.time()
     vlist = _variant_list(args)
     # Plan every variant here, then compile each distinct launch once.
     keyed: dict[str, tuple] = {}
+    far_rows: dict[str, int] = {}
     per_variant = []
     for v in vlist:
         launches = variants.plan(v)
@@ -216,6 +223,7 @@ def run_report(args) -> dict:
         for i, launch in enumerate(launches):
             key = aot.compile_key(launch, v.arch)
             keyed.setdefault(key, (v, i, v.arch == 90))
+            far_rows[key] = _far_rows(launch)
             refs.append((launch.name, key, _tiles(launch)))
         per_variant.append((v, refs, variants.workspace(v)))
     jobs = list(keyed.items())
@@ -280,6 +288,8 @@ def run_report(args) -> dict:
             r = results[key]
             row = dict(v.to_dict(), kernel=name, tiles=f"{tiles[0]}x{tiles[1]}", **r,
                        job_key=job_keys[key])  # fmt: skip
+            if far_rows[key]:
+                row["far_rows"] = far_rows[key]
             gpu = targets.TARGETS[v.arch]
             if r.get("ok"):
                 row.update(targets.occupancy(gpu, r["regs"], r["smem"], r["warps"]))
@@ -319,8 +329,11 @@ def run_report(args) -> dict:
                     continue
                 if not r.get("ok"):
                     raise ValueError(f"{name} did not compile")
-                c, b = model.kernel_cost(v.family, name, r["loops"], tiles, v.causal,
-                                         variants.BENCH_SEQ)  # fmt: skip
+                c, b = model.kernel_cost(
+                    v.family, name, r["loops"], tiles, v.causal, variants.BENCH_SEQ,
+                    far_reach=variants.FAR_REACH if v.features.far else None,
+                    far_rows=far_rows[key] or None,
+                )  # fmt: skip
                 per_kernel[name], bounds[name] = c, b
                 facts[name] = model.kernel_facts(compiles[index[key]])
             entry.update(model.pair_costs(v.family, per_kernel, v.head_dim), kernels=per_kernel,

@@ -84,7 +84,11 @@ class ScoreBias:
     * ``options``: the hook's compile-time constants (e.g. a number of buckets), names to ints,
       floats or bools;
     * ``per_diagonal``: floating ``[1 or batch, heads, 2 seq - 1]``, one value per ``i - j`` (the
-      per-distance table, see :func:`distance_score_bias`), or None.
+      per-distance table, see :func:`distance_score_bias`), or None;
+    * ``far_reach``: for a hook with a far form (the per-distance table's), the number of tokens
+      ``i - j`` from which the bias is one value per head whatever the parameters (T5 past its
+      last bucket); a causal launch of the flash kernels then runs those tiles without the bias.
+      None: no such distance.
 
     When a tensor requires grad, the kernels return its gradient, reduced from ``dS``.
     """
@@ -94,6 +98,7 @@ class ScoreBias:
     per_token: torch.Tensor | None = None
     options: Mapping[str, int | float | bool] = field(default_factory=dict)
     per_diagonal: torch.Tensor | None = None
+    far_reach: int | None = None
 
     @property
     def hook_name(self) -> str:
@@ -178,7 +183,7 @@ def position_steps(positions: torch.Tensor) -> torch.Tensor | None:
 
 
 def distance_score_bias(
-    distance_bias, positions: torch.Tensor, params: dict, heads: int
+    distance_bias, positions: torch.Tensor, params: dict, heads: int, reach: int | None = None
 ) -> ScoreBias | None:
     """The kernels' per-distance path for a bias of ``p_i - p_j`` written in torch.
 
@@ -191,6 +196,13 @@ def distance_score_bias(
     sums of ``dS`` along each diagonal; autograd carries them on through ``distance_bias`` to
     the encoding's parameters. Returns None for other positions (a gap in one sequence): their
     pairs would not share diagonals.
+
+    ``reach``: the distance ``p_i - p_j`` from which ``distance_bias`` is one value per head for
+    any parameters (an encoding's ``distance_reach``), or None. With positions that step forward
+    (``s > 0``), the diagonals from ``ceil(reach / s)`` on then hold one value, and the table is
+    handed over with that ``far_reach``: a causal launch of the flash kernels takes those tiles
+    as one constant and gives all their ``dS`` to the first of those diagonals (the same
+    gradient for the parameters, as every later one is the same function of them).
     """
     from course_lib.kernels.score_bias import DIAGONAL_TABLE
 
@@ -203,4 +215,7 @@ def distance_score_bias(
     diagonals = torch.arange(-(seq - 1), seq, device=positions.device)  # i - j
     table = distance_bias(steps * diagonals, params).movedim(0, 1)  # [1|B, H|1, 2 seq - 1]
     table = table.expand(table.shape[0], heads, table.shape[-1])
-    return ScoreBias(DIAGONAL_TABLE, per_diagonal=table)
+    far_reach = None
+    if reach is not None and bool((steps > 0).all()):
+        far_reach = int((-(-reach // steps)).max())  # ceil(reach / s), the largest of the batch
+    return ScoreBias(DIAGONAL_TABLE, per_diagonal=table, far_reach=far_reach)

@@ -70,7 +70,11 @@ class Encoding:
       the positions only through ``p_i - p_j``, ``distance_bias(distances, params) -> [heads or 1,
       *distances.shape]`` (``distances`` an int64 tensor of ``p_i - p_j``, any shape; signed:
       take ``.abs()`` for a symmetric bias), from which the record derives ``score_bias`` and
-      which the kernels read as a table (ALiBi, T5, KERPLE). Give one of the two.
+      which the kernels read as a table (ALiBi, T5, KERPLE). Give one of the two. With
+      ``distance_bias``, ``distance_reach(params) -> int | None``: the distance from which the
+      bias no longer changes, one value per head **for any parameters** (T5's last bucket), or
+      None; a causal launch of the flash kernels then takes every tile past it as one constant
+      (:func:`course_lib.kernel_hooks.distance_score_bias`).
     * ``score_bias_from_scores(scores, q, allowed, params) -> bias``: a bias that depends on the
       scores themselves, computed after the positional bias above and added to the scores:
       ``scores`` ``[batch, heads, seq_q, seq_k]``, ``q`` the queries after the q/k transform
@@ -133,6 +137,7 @@ class Encoding:
     key_transform: Callable | None = None
     score_bias: Callable | None = None
     distance_bias: Callable | None = None
+    distance_reach: Callable | None = None
     score_bias_from_scores: Callable | None = None
     normaliser: str = "softmax"
     params: Mapping[str, object] = field(default_factory=dict)
@@ -172,6 +177,8 @@ class Encoding:
                     "score_bias from distance_bias)"
                 )
             object.__setattr__(self, "score_bias", _bias_of_distance(self.distance_bias))
+        elif self.distance_reach is not None:
+            raise ValueError(f"{self.name}: distance_reach describes a distance_bias; give both")
         elif self.score_bias is not None and self.kernel_bias is None and not self.kernel_support:
             raise ValueError(f"{self.name}: score_bias needs kernel_bias (or kernel_support)")
         object.__setattr__(self, "kernel_hooks", tuple(self.kernel_hooks))

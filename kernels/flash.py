@@ -237,6 +237,14 @@ def _keep_allowed(x, fill, offs_m, offs_n, col_valid, KPM, CAUSAL: tl.constexpr,
     return x
 
 
+@triton.jit
+def _far_keys_end(first_query, far_reach, mid, BLOCK_N: tl.constexpr):
+    """The end of the key blocks (a multiple of ``BLOCK_N``, at most ``mid``) whose every key is
+    at least ``far_reach`` tokens before ``first_query``: block ``[k, k + BLOCK_N)`` is when
+    ``first_query - (k + BLOCK_N - 1) >= far_reach``."""
+    return tl.minimum(tl.maximum(first_query - far_reach + 1, 0) // BLOCK_N * BLOCK_N, mid)
+
+
 # --------------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------------
@@ -383,6 +391,7 @@ def _flash_fwd_kernel(
     num_heads,
     qk_scale_log2,
     q_sign,
+    far_reach,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -399,11 +408,14 @@ def _flash_fwd_kernel(
     BIAS_OPTIONS: tl.constexpr = None,
     BIAS_SPLIT: tl.constexpr = None,
     POS_AFFINE: tl.constexpr = False,
+    BIAS_FAR: tl.constexpr = None,
 ):
     """One query block of one (batch, head): online softmax over the key blocks.
 
     ``qk_scale_log2 = |scale| log2 e`` and ``q_sign`` the sign of the scale (+-1, exact in any
-    dtype), applied to the q tile once.
+    dtype), applied to the q tile once. With ``BIAS_FAR`` (causal), the key blocks at least
+    ``far_reach`` tokens before the block's first query run the plain loop, and the hook's
+    constant joins the running maximum after it.
     """
     pid_m, pid_bh, Q, K, V, OUT, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
         Q, K, V, OUT, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,
@@ -452,10 +464,21 @@ def _flash_fwd_kernel(
     else:  # the whole key blocks; then the ragged last one
         mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
+    far_end = 0
+    if BIAS_FAR is not None:  # tiles of one constant bias: plain attention, then the constant
+        far_end = _far_keys_end(pid_m * BLOCK_M, far_reach, mid, BLOCK_N)
+        acc, l_i, m_i = _fwd_tiles(
+            acc, l_i, m_i, q1, q2, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd,
+            stride_vs, stride_vd, offs_m, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step, t,
+            pair_valid, first, second, gain_1, gain_2, seq_len, qk_scale_log2, 0, far_end,
+            HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, None,
+            False, BIAS_OPTIONS, None, POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, False,
+        )  # fmt: skip
+        m_i += BIAS_FAR(BIAS, far_reach, BIAS_OPTIONS)
     acc, l_i, m_i = _fwd_tiles(
         acc, l_i, m_i, q1, q2, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd, stride_vs,
         stride_vd, offs_m, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first,
-        second, gain_1, gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+        second, gain_1, gain_2, seq_len, qk_scale_log2, far_end, mid, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
         PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_OPTIONS, BIAS_SPLIT,
         POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, False,
     )  # fmt: skip
@@ -564,6 +587,7 @@ def _dkdv_tiles(
     skip_from,
     skip_to,
     key_block,
+    far_value,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     HALF_LAYOUT: tl.constexpr,
@@ -583,6 +607,8 @@ def _dkdv_tiles(
     HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
+    FAR: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,
 ):
     """dK, dV (and the bias gradient) from ``num_tiles`` query blocks starting at ``lo``,
     ``BLOCK_M`` apart; a block that would start at ``skip_from`` or later starts at ``skip_to``
@@ -593,13 +619,15 @@ def _dkdv_tiles(
     otherwise they are rows of dK/dV that are never stored. With ``GRAD_PER_TILE`` (square
     tiles) ``dbias`` points at this (batch, head)'s tile slots and the hook stores each tile's
     sums in its own slot (``tile_slot``: side 1 for a query block before key block
-    ``key_block``).
+    ``key_block``). With ``FAR``, every pair of these tiles has the one bias ``far_value`` (base
+    2): no hook is called (the dQ kernel sums these tiles' ``dS`` for the bias's gradient).
+    ``ROW_ALIGN``: what ``lo`` is a multiple of.
     """
     for i in range(0, num_tiles):
         start_m = lo + i * BLOCK_M
         if MASKED:
             start_m = tl.where(start_m >= skip_from, skip_to, start_m)
-        start_m = tl.multiple_of(start_m, BLOCK_M)
+        start_m = tl.multiple_of(start_m, ROW_ALIGN)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_valid = offs_m < seq_len
         q1, q2 = _load_encoded(
@@ -616,7 +644,9 @@ def _dkdv_tiles(
             delta = tl.load(DELTA + offs_m)
 
         s_t = _scores(k1, k2, q1, q2, PAIR_HALVES, DOT_PRECISION)
-        if BIAS_FN is not None:
+        if FAR:  # one constant: out of the log-sum-exp
+            p_t = tl.exp2(s_t * qk_scale_log2 - (lse - far_value)[None, :])
+        elif BIAS_FN is not None:
             if MASKED:
                 pos_m = tl.load(POS + offs_m, mask=row_valid, other=0.0)
                 query_idx = tl.minimum(offs_m, seq_len - 1)[None, :]
@@ -645,13 +675,15 @@ def _dkdv_tiles(
             if HAS_MASK or BIAS_GRAD_FN is not None:
                 allowed = allowed & key_real[:, None]
             p_t = tl.where(allowed, p_t, 0.0)
-        elif HAS_MASK or BIAS_GRAD_FN is not None:
+        elif HAS_MASK or (BIAS_GRAD_FN is not None and not FAR):
             p_t = tl.where(key_real[:, None], p_t, 0.0)
 
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
-        if BIAS_GRAD_FN is not None and GRAD_PER_TILE:  # queries are axis 1 of these tiles
+        if FAR:  # no hook here (the dQ kernel sums these tiles' dS for the constant)
+            dbias = dbias
+        elif BIAS_GRAD_FN is not None and GRAD_PER_TILE:  # queries are axis 1 of these tiles
             query_block = start_m // BLOCK_M
             side = (query_block < key_block).to(tl.int32)
             slot = tile_slot(key_block, query_block, tl.cdiv(seq_len, BLOCK_M), side)
@@ -712,6 +744,7 @@ def _flash_bwd_dkdv_kernel(
     scale,
     qk_scale_log2,
     grad_slots,
+    far_reach,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -731,6 +764,8 @@ def _flash_bwd_dkdv_kernel(
     BIAS_OPTIONS: tl.constexpr = None,
     BIAS_SPLIT: tl.constexpr = None,
     POS_AFFINE: tl.constexpr = False,
+    BIAS_FAR: tl.constexpr = None,
+    FAR_BLOCK_M: tl.constexpr = 0,
 ):
     """dK and dV for one key block, walking the query blocks (transposed tiles ``[keys, queries]``).
 
@@ -739,7 +774,10 @@ def _flash_bwd_dkdv_kernel(
     With ``BIAS_GRAD_FN``, the score bias's parameter gradient from ``dS`` as this program's
     partial sums, stored at ``DBIAS[batch*head, key block, :GRAD_WIDTH]``; with
     ``GRAD_PER_TILE``, one slot per tile instead, ``DBIAS[batch*head, tile slot, :GRAD_WIDTH]``
-    (``grad_slots`` of them per (batch, head)).
+    (``grad_slots`` of them per (batch, head)). With ``BIAS_FAR`` (causal), the query blocks at
+    least ``far_reach`` tokens after the block's last key run without the hook, ``FAR_BLOCK_M``
+    queries per tile (a multiple of ``BLOCK_M``: the square tiles of a per-tile gradient are
+    needed only where the hook runs); the dQ kernel sums their ``dS`` for the bias's gradient.
     """
     pid_n, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
         Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,
@@ -806,15 +844,35 @@ def _flash_bwd_dkdv_kernel(
     else:
         lo = 0
         band_end = 0
-    num_free = tl.maximum(full_end - band_end, 0) // BLOCK_M
+    far_start = full_end
+    if BIAS_FAR is not None:  # query blocks of one constant bias: no hook in their loop
+        far_start = tl.minimum(
+            tl.maximum(tl.cdiv(pid_n * BLOCK_N + BLOCK_N - 1 + far_reach, BLOCK_M) * BLOCK_M,
+                       band_end), full_end,
+        )  # fmt: skip
+        # whole tiles of FAR_BLOCK_M rows, ending at full_end; a far block left over at the
+        # start runs with the hook (the same bias there)
+        num_far = tl.maximum(full_end - far_start, 0) // FAR_BLOCK_M
+        far_start = full_end - num_far * FAR_BLOCK_M
+        dk1, dk2, dv, dbias = _dkdv_tiles(
+            dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
+            stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part,
+            ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2,
+            seq_len, qk_scale_log2, far_start, num_far, 0, 0, pid_n,
+            BIAS_FAR(BIAS, far_reach, BIAS_OPTIONS), HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+            PAIR_HALVES, FAR_BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN,
+            GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK,
+            DOT_PRECISION, False, True, BLOCK_M,
+        )  # fmt: skip
+    num_free = tl.maximum(far_start - band_end, 0) // BLOCK_M
     dk1, dk2, dv, dbias = _dkdv_tiles(
         dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
         stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part, ref_idx,
         ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-        qk_scale_log2, band_end, num_free, 0, 0, pid_n, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
-        PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN,
-        GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK,
-        DOT_PRECISION, False,
+        qk_scale_log2, band_end, num_free, 0, 0, pid_n, 0.0, HEAD_DIM, HALF_PAD,
+        HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
+        BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL,
+        HAS_MASK, DOT_PRECISION, False, False, BLOCK_M,
     )  # fmt: skip
     num_band = tl.cdiv(tl.minimum(band_end, seq_len) - lo, BLOCK_M)
     num_tail = (full_end < seq_len) & (full_end >= band_end)
@@ -822,10 +880,10 @@ def _flash_bwd_dkdv_kernel(
         dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
         stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part, ref_idx,
         ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-        qk_scale_log2, lo, num_band + num_tail.to(tl.int32), band_end, full_end, pid_n, HEAD_DIM,
-        HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
-        BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL,
-        HAS_MASK, DOT_PRECISION, True,
+        qk_scale_log2, lo, num_band + num_tail.to(tl.int32), band_end, full_end, pid_n, 0.0,
+        HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN,
+        BIAS_FACTOR, BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE,
+        CAUSAL, HAS_MASK, DOT_PRECISION, True, False, BLOCK_M,
     )  # fmt: skip
 
     _store_decoded(
@@ -847,6 +905,8 @@ def _dq_tiles(
     dq1,
     dq2,
     rows,
+    far_rows,
+    far_reach,
     q1,
     q2,
     do,
@@ -897,9 +957,12 @@ def _dq_tiles(
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
     ROW_SUMS: tl.constexpr,
+    FAR_ROWS: tl.constexpr,
 ):
     """dQ from the key blocks starting at ``lo, lo + BLOCK_N, ... < hi`` (``COS``, ``SIN``: the
-    keys' tables); with ``ROW_SUMS``, also ``rows_i += sum_j dS_ij`` (float32, ``[BLOCK_M]``).
+    keys' tables); with ``ROW_SUMS``, also ``rows_i += sum_j dS_ij`` (float32, ``[BLOCK_M]``);
+    ``FAR_ROWS`` 1: ``far_rows_i += sum_j dS_ij`` (tiles every pair of which is ``far_reach``
+    apart), 2: the same over the pairs with ``i - j >= far_reach`` only.
 
     Query rows past the end have ``lse = +inf`` (their ``P`` is 0 with no mask); with
     ``MASKED``, the causal mask (causal) or the sequence end (bidirectional), bounded loads.
@@ -927,11 +990,16 @@ def _dq_tiles(
         ds = p * (dp - delta[:, None])
         if ROW_SUMS:
             rows += tl.sum(ds, 1)
+        if FAR_ROWS == 1:
+            far_rows += tl.sum(ds, 1)
+        elif FAR_ROWS == 2:
+            past = offs_m[:, None] - offs_n[None, :] >= far_reach
+            far_rows += tl.sum(tl.where(past, ds, 0.0), 1)
         ds = ds.to(k1.dtype)
         dq1 = tl.dot(ds, k1, dq1, input_precision=DOT_PRECISION)
         if PAIR_HALVES:
             dq2 = tl.dot(ds, k2, dq2, input_precision=DOT_PRECISION)
-    return dq1, dq2, rows
+    return dq1, dq2, rows, far_rows
 
 
 @triton.jit
@@ -944,6 +1012,7 @@ def _flash_bwd_dq_kernel(
     DELTA,
     DQ,
     ROWS,
+    FAR_SUMS,
     POS,
     KPM,
     COS,
@@ -976,6 +1045,7 @@ def _flash_bwd_dq_kernel(
     num_heads,
     scale,
     qk_scale_log2,
+    far_reach,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -993,12 +1063,19 @@ def _flash_bwd_dq_kernel(
     ROW_SUMS: tl.constexpr = False,
     BIAS_SPLIT: tl.constexpr = None,
     POS_AFFINE: tl.constexpr = False,
+    BIAS_FAR: tl.constexpr = None,
+    FAR_GRAD: tl.constexpr = False,
 ):
     """dQ for one query block, walking the key blocks.
 
     ``P = exp2(S - lse)``, ``dS = P * (dO V^T - delta)``, ``dq' = scale * dS k'`` (per pair
     half), then ``dq`` through the transposed transform. With ``ROW_SUMS``, also stores
     ``ROWS[bh, i] = sum_j dS_ij`` (float32): the query side of a per-token bias's gradient.
+    With ``BIAS_FAR``, the key blocks at least ``far_reach`` tokens before the block's first
+    query run without the hook, as in the forward; with ``FAR_GRAD``, the sum of ``dS`` over
+    every pair at least that far apart (the gradient of the hook's far constant: the dK/dV
+    kernel leaves those tiles out of the hook's gradient) goes to ``FAR_SUMS[bh, query
+    block]``.
     """
     pid_m, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
         Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,
@@ -1046,26 +1123,43 @@ def _flash_bwd_dq_kernel(
         dq1 = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         dq2 = dq1
     rows = tl.zeros([BLOCK_M], dtype=tl.float32)
+    far_rows = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum of dS past the far reach, per row
     if CAUSAL:
         mid = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
         hi = tl.minimum((pid_m + 1) * BLOCK_M, seq_len)
     else:
         mid = seq_len // BLOCK_N * BLOCK_N
         hi = seq_len
-    dq1, dq2, rows = _dq_tiles(
-        dq1, dq2, rows, q1, q2, do, lse_split, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
+    far_end = 0
+    if BIAS_FAR is not None:  # tiles of one constant bias (as in the forward): out of the lse
+        far_end = _far_keys_end(pid_m * BLOCK_M, far_reach, mid, BLOCK_N)
+        dq1, dq2, rows, far_rows = _dq_tiles(
+            dq1, dq2, rows, far_rows, far_reach, q1, q2, do,
+            lse - BIAS_FAR(BIAS, far_reach, BIAS_OPTIONS), delta, K,
+            V, POS, KPM, KCOS, KSIN, BIAS, stride_ks, stride_kd, stride_vs, stride_vd, offs_m,
+            row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first, second,
+            gain_1, gain_2, seq_len, qk_scale_log2, 0, far_end, HEAD_DIM, HALF_PAD, HALF_LAYOUT,
+            PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, None, False, BIAS_OPTIONS, None,
+            POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, False, ROW_SUMS, 1 if FAR_GRAD else 0,
+        )  # fmt: skip
+    dq1, dq2, rows, far_rows = _dq_tiles(
+        dq1, dq2, rows, far_rows, far_reach, q1, q2, do, lse_split, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
         stride_kd, stride_vs, stride_vd, offs_m, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step,
-        t, pair_valid, first, second, gain_1, gain_2, seq_len, qk_scale_log2, 0, mid, HEAD_DIM,
+        t, pair_valid, first, second, gain_1, gain_2, seq_len, qk_scale_log2, far_end, mid, HEAD_DIM,
         HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
         BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, False, ROW_SUMS,
+        2 if FAR_GRAD else 0,
     )  # fmt: skip
-    dq1, dq2, rows = _dq_tiles(
-        dq1, dq2, rows, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
+    dq1, dq2, rows, far_rows = _dq_tiles(
+        dq1, dq2, rows, far_rows, far_reach, q1, q2, do, lse, delta, K, V, POS, KPM, KCOS, KSIN, BIAS, stride_ks,
         stride_kd, stride_vs, stride_vd, offs_m, row_idx, row_pos, ref_idx, ref_pos, pos0, pos_step,
         t, pair_valid, first, second, gain_1, gain_2, seq_len, qk_scale_log2, mid, hi, HEAD_DIM,
         HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_N, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
         BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, True, ROW_SUMS,
+        2 if FAR_GRAD else 0,
     )  # fmt: skip
+    if FAR_GRAD:
+        tl.store(FAR_SUMS + pid_bh * tl.num_programs(0) + pid_m, tl.sum(far_rows))
     if ROW_SUMS:
         tl.store(ROWS + pid_bh * seq_len + offs_m, rows, mask=row_valid)
 
@@ -1242,6 +1336,28 @@ def _bias_split(a: LaunchArgs, causal: bool, positions_ordered: bool):
     return split
 
 
+def _bias_far(a: LaunchArgs, causal: bool, far_reach: int | None):
+    """The hook's far constant (see :mod:`.score_bias`) for a causal launch given a reach, else
+    None."""
+    far = None if a.hook is None else getattr(a.hook, "far", None)
+    if far is None or not causal or far_reach is None:
+        return None
+    return far
+
+
+def _far_reach(hook, far_reach, seq: int) -> int | None:
+    """The ``far_reach`` of a launch, checked; None where no pair of ``seq`` tokens is that far
+    apart (no far tile, and the hook's constant is not read)."""
+    if far_reach is None:
+        return None
+    if hook is None or getattr(hook, "far", None) is None:
+        name = "no score bias" if hook is None else f"the score bias {hook.name!r}"
+        raise ValueError(f"bias_far_reach={far_reach!r} given, but {name} has no far form")
+    if isinstance(far_reach, bool) or not isinstance(far_reach, int) or far_reach < 0:
+        raise ValueError(f"bias_far_reach must be an int >= 0 (tokens), got {far_reach!r}")
+    return far_reach if far_reach < seq else None
+
+
 def _switches(
     a: LaunchArgs,
     head_dim: int,
@@ -1249,6 +1365,7 @@ def _switches(
     dtype: torch.dtype,
     positions_ordered: bool,
     positions_affine: bool,
+    far_reach: int | None = None,
 ) -> dict:
     """The constexpr arguments every flash kernel but the delta pre-pass takes."""
     return dict(
@@ -1265,6 +1382,8 @@ def _switches(
         BIAS_FACTOR=a.hook is not None and a.hook.factor is not None,
         BIAS_OPTIONS=a.bias_options,
         BIAS_SPLIT=_bias_split(a, causal, positions_ordered),
+        # the tiles past the hook's reach, where its bias is one constant (causal)
+        BIAS_FAR=_bias_far(a, causal, far_reach),
         # positions p_0 + step * index are computed in the loops rather than loaded
         POS_AFFINE=a.hook is not None and positions_affine,
         CAUSAL=bool(causal),
@@ -1290,6 +1409,7 @@ def flash_attention_forward(
     out_dtype: torch.dtype | None = None,
     positions_ordered: bool = False,
     positions_affine: bool = False,
+    bias_far_reach: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel.
 
@@ -1304,7 +1424,9 @@ def flash_attention_forward(
     :func:`flash_attention_backward`); positions_ordered: the positions never decrease along a
     sequence (a hook with ``split_ordered`` then uses its split form in a causal launch);
     positions_affine: each sequence's positions are ``p_0 + step * index`` (the loops then
-    compute them instead of loading them); pass the same two to the backward. Returns ``(out
+    compute them instead of loading them); pass the same two to the backward; bias_far_reach: for
+    a hook with a far form, the distance ``i - j`` (tokens) from which its bias is one constant
+    (``ScoreBias.far_reach``; a causal launch then runs those tiles without it). Returns ``(out
     [batch, heads, seq, head_dim] contiguous, lse [batch * heads, seq] fp32, base 2)``.
     """
     check_launch_inputs(
@@ -1312,6 +1434,7 @@ def flash_attention_forward(
     )
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
+    far_reach = _far_reach(bias_hook, bias_far_reach, seq)
     if qk_tables is not None:  # per token: once, before the loops (kernels/qk_transform.py)
         q, k = encode_qk(q, k, qk_tables)
     a = prepare_launch(q, positions, key_mask, None, bias_hook, bias_params, bias_options)
@@ -1322,11 +1445,11 @@ def flash_attention_forward(
     run_launch(Launch("forward", _flash_fwd_kernel, grid, (
         q, k, v, out, lse, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain, a.bias_params,
         *q.stride(), *k.stride(), *v.stride(), out.stride(0), out.stride(1), *a.strides(),
-        seq, heads, *_forward_scale(scale),
+        seq, heads, *_forward_scale(scale), far_reach or 0,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **_switches(
-            a, head_dim, causal, q.dtype, positions_ordered, positions_affine
+            a, head_dim, causal, q.dtype, positions_ordered, positions_affine, far_reach
         ),
     )))  # fmt: skip
     return out, lse
@@ -1353,6 +1476,7 @@ def flash_attention_backward(
     encoded: bool = False,
     positions_ordered: bool = False,
     positions_affine: bool = False,
+    bias_far_reach: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the backward kernels; returns ``(dq, dk, dv, dparams)``.
 
@@ -1378,6 +1502,7 @@ def flash_attention_backward(
         raise ValueError(f"grad_out must have shape {tuple(q.shape)}, got {tuple(grad_out.shape)}")
     batch, heads, seq, head_dim = q.shape
     positions = positions.contiguous()
+    far_reach = _far_reach(bias_hook, bias_far_reach, seq)
     if qk_tables is not None and not encoded:  # as the forward did: once, before the loops
         q, k = encode_qk(q, k, qk_tables)
     a = prepare_launch(q, positions, key_mask, None, bias_hook, bias_params, bias_options)
@@ -1404,7 +1529,10 @@ def flash_attention_backward(
     run_launch(Launch("delta", _flash_bwd_delta_kernel, (triton.cdiv(seq, 64), batch * heads), (
         out, grad_out, delta, out.stride(0), out.stride(1), *grad_out.stride(), seq, heads,
     ), dict(HEAD_DIM=head_dim, BLOCK_M=64)))  # fmt: skip
-    switches = _switches(a, head_dim, causal, q.dtype, positions_ordered, positions_affine)
+    switches = _switches(
+        a, head_dim, causal, q.dtype, positions_ordered, positions_affine, far_reach
+    )
+    far = switches["BIAS_FAR"] is not None
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     cfg = configs["dkdv"]
     num_key_blocks = triton.cdiv(seq, cfg.block_n)
@@ -1419,25 +1547,37 @@ def flash_attention_backward(
         device=device,
     )
     run_launch(Launch("dkdv", _flash_bwd_dkdv_kernel, (num_key_blocks, batch * heads), (
-        q, k, v, grad_out, lse, delta, dk, dv, positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain,
-        a.bias_params, partials, *strides, seq, heads, scale, scale * LOG2E, slots,
+        q, k, v, grad_out, lse, delta, dk, dv, positions, a.mask, a.cos, a.sin, a.key_cos,
+        a.key_sin, a.gain, a.bias_params, partials, *strides, seq, heads, scale, scale * LOG2E, slots,
+        far_reach or 0,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
-        GRAD_PER_TILE=per_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **switches,
+        GRAD_PER_TILE=per_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        # far tiles call no hook: twice the rows where the hook's gradient wants square tiles
+        FAR_BLOCK_M=(2 if per_tile else 1) * cfg.block_m if far else 0, **switches,
     )))  # fmt: skip
     # a per-token bias's query side (b_ij = a_i - a_j): d loss / d a_i += sum_j dS_ij
     row_sums = bias_grad and a.hook.query_row_sums
     rows = torch.empty_like(lse) if row_sums else delta
     cfg = configs["dq"]
-    run_launch(Launch("dq", _flash_bwd_dq_kernel, (triton.cdiv(seq, cfg.block_m), batch * heads), (
-        q, k, v, grad_out, lse, delta, dq, rows, positions, a.mask, a.cos, a.sin, a.key_cos,
-        a.key_sin, a.gain, a.bias_params, *strides, seq, heads, scale, scale * LOG2E,
+    num_query_blocks = triton.cdiv(seq, cfg.block_m)
+    # the far tiles' sums of dS, one per query block (no hook runs on those tiles)
+    far_grad = bias_grad and far
+    far_sums = torch.empty(
+        (batch * heads, num_query_blocks) if far_grad else (1,), dtype=torch.float32, device=device
+    )
+    run_launch(Launch("dq", _flash_bwd_dq_kernel, (num_query_blocks, batch * heads), (
+        q, k, v, grad_out, lse, delta, dq, rows, far_sums, positions, a.mask, a.cos, a.sin, a.key_cos,
+        a.key_sin, a.gain, a.bias_params, *strides, seq, heads, scale, scale * LOG2E, far_reach or 0,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, ROW_SUMS=row_sums, **switches,
+        num_stages=cfg.num_stages, ROW_SUMS=row_sums, FAR_GRAD=far_grad, **switches,
     )))  # fmt: skip
     dparams = a.hook.reduce_grad(partials, batch, heads, a.bias_shape, tiles) if bias_grad else None
+    if far_grad:
+        sums = far_sums.view(batch, heads, num_query_blocks).sum(-1)
+        dparams = a.hook.far_reduce(dparams, sums, far_reach, a.bias_shape)
     if row_sums:
         dparams = dparams + rows.view(batch, heads, seq)
     if qk_tables is not None:

@@ -88,6 +88,18 @@ pair; the diagonal band still calls ``bias``. Counted from a token between key a
 part is no larger than the bias itself when it grows with the distance (ALiBi's, FoX's), so
 the split rounds as the bias does. The two forms must agree (``tests/test_kernels_flash.py``).
 
+``far(params, reach, OPTIONS=None) -> scalar`` (optional, flash only, causal launches): the
+bias, in base 2, of every pair at least ``reach`` tokens apart (``i - j >= reach``; ``reach`` a
+run-time int the caller gives with the tensor, ``ScoreBias.far_reach``), where the bias no
+longer changes with the distance (T5's last bucket: every distance past ``max_distance``). The
+flash kernels of a causal launch walk the tiles whose every pair lies that far in a loop of
+their own with no bias at all, as plain attention does, and put the constant into the running
+maximum (forward) or the log-sum-exp (backward) once per row; a long sequence has almost all
+its tiles there. The dQ kernel, which visits every pair once, sums ``dS`` over every pair
+``reach`` or more apart, far tiles or not, and the hook's own gradient leaves the far tiles
+out; ``far_reduce(grad, sums, reach, shape) -> grad`` (torch; ``sums`` ``[batch, heads]``)
+puts the sums where the tensor holds the constant, in place of what the hook gave there.
+
 Writing a hook
 --------------
 In the encoding's file, behind ``if kernels_available():``, write its ``bias`` (and, with a
@@ -124,7 +136,9 @@ __all__ = [
     "BiasHook",
     "GradTiles",
     "diagonal_sums",
+    "diagonal_far_reduce",
     "diagonal_table_bias",
+    "diagonal_table_far",
     "diagonal_table_grad",
     "exposb_distance_bias",
     "exposb_distance_factor",
@@ -181,7 +195,9 @@ class BiasHook:
     ``query_row_sums``: a ``per_token`` bias of the form ``b_ij = a_i - a_j`` whose query side
     ``d loss / d a_i = sum_j dS_ij`` is added by the flash dQ kernel (see below). ``split``:
     the bias as a query part plus a key part (see the contract), valid for every pair or, with
-    ``split_ordered``, for pairs with ``p_j <= p_i``.
+    ``split_ordered``, for pairs with ``p_j <= p_i``. ``far`` / ``far_reduce``: the constant
+    bias of pairs at least a given number of tokens apart, and where its gradient goes (see the
+    contract).
     """
 
     name: str
@@ -201,6 +217,8 @@ class BiasHook:
     query_row_sums: bool = False
     split: object | None = None
     split_ordered: bool = False
+    far: object | None = None
+    far_reduce: Callable | None = None
 
     def __post_init__(self) -> None:
         if self.param not in (None, "per_head", "per_token", "per_diagonal"):
@@ -222,6 +240,18 @@ class BiasHook:
             )
         if self.split is not None and self.factor is not None:
             raise ValueError(f"hook {self.name!r}: give a split form or a factor form, not both")
+        if self.far is not None and (self.split is not None or self.factor is not None):
+            raise ValueError(
+                f"hook {self.name!r}: a far constant works on the plain loop's logits; it "
+                "cannot be combined with a split or a factor form"
+            )
+        if self.far is not None and self.query_row_sums:
+            raise ValueError(f"hook {self.name!r}: a far constant takes no query row sums")
+        if self.far is not None and self.grad is not None and self.far_reduce is None:
+            raise ValueError(
+                f"hook {self.name!r}: a far constant with a gradient needs far_reduce (where "
+                "the far tiles' sum of dS goes)"
+            )
 
     def kernel_options(self, options: Mapping | None) -> tuple | None:
         """The ``BIAS_OPTIONS`` constexpr of a launch (None for a hook without options)."""
@@ -437,6 +467,28 @@ def diagonal_table_grad(
     return acc
 
 
+@triton.jit
+def diagonal_table_far(params, reach, OPTIONS: tl.constexpr = None):
+    """``table[reach] log2 e``: the bias of every pair with ``i - j >= reach``, for a table that
+    no longer changes past that diagonal (``ScoreBias.far_reach``)."""
+    return tl.load(params + reach) * 1.4426950408889634
+
+
+def diagonal_far_reduce(grad, sums, reach: int, shape) -> torch.Tensor:
+    """The table's gradient (``[1 or batch, heads, 2 seq - 1]``) with the sums of ``dS`` over
+    every pair at least ``reach`` apart (``[batch, heads]``) on diagonal ``reach`` and nothing
+    on the later ones: every diagonal from there on holds the same value, so its gradient is
+    counted once, on the first of them (the near tiles' per-diagonal sums there are
+    replaced)."""
+    seq = (shape[-1] + 1) // 2
+    if shape[0] == 1:
+        sums = sums.sum(0, keepdim=True)
+    grad = grad.clone()
+    grad[..., seq - 1 + reach :] = 0.0
+    grad[..., seq - 1 + reach] = sums
+    return grad
+
+
 DIAGONAL_TABLE = BiasHook(
     name="diagonal_table",
     formula="b_ij = table[b, h, i - j] (any bias of the distance, tabulated by torch)",
@@ -446,10 +498,14 @@ DIAGONAL_TABLE = BiasHook(
     reduce=diagonal_sums,
     grad_width_fn=lambda block_keys, options: 2 * block_keys,
     grad_per_tile=True,
+    far=diagonal_table_far,
+    far_reduce=diagonal_far_reduce,
 )
 """The kernels' per-distance path: a bias read per pair from a ``[1 or batch, heads, 2 seq - 1]``
 table indexed by ``i - j``, its gradient the sums of ``dS`` along each diagonal (per tile, then
-torch). :func:`course_lib.kernel_hooks.distance_score_bias` builds the table from an encoding's
+torch). With ``ScoreBias.far_reach`` (a table that stops changing there, such as T5's past its
+last bucket), the flash kernels of a causal launch take the tiles past that diagonal as one
+constant. :func:`course_lib.kernel_hooks.distance_score_bias` builds the table from an encoding's
 ``distance_bias`` and maps ``i - j`` to the distance of the positions."""
 
 

@@ -361,6 +361,31 @@ def test_kernel_costs_both_bounds_and_ratios_to_plain():
     assert 0 < share < 0.1 and cost["overlap"] == pytest.approx((1 + share) * 800 / 8192)
     with pytest.raises(ValueError, match="no inner loop"):
         model.kernel_cost("flash", "dq", [], tiles, True, 8192)
+    # a far form: three loops (far, near, band), weighed by the pairs each visits
+    three = [loop(400, 400), loop(1600, 1600), loop(3200, 3200)]
+    cost, _ = model.kernel_cost("flash", "dq", three, tiles, True, 8192, far_reach=113)
+    far, near, band = model.far_tile_counts(tiles, 8192, "dq", 113)
+    assert far + near + band == 8192 * (8192 + 128) // 2  # every visited pair, once
+    assert near == (8192 // 128 - 1) * 128 * 128  # 128 keys before each query block but one
+    want = (far * 400 + near * 1600 + band * 3200) / (far + near + band) / (128 * 64)
+    assert cost["overlap"] == pytest.approx(want)
+    with pytest.raises(ValueError, match="3 with a far form"):
+        model.kernel_cost("flash", "dq", three, tiles, True, 8192)
+
+
+def test_far_tile_counts_walk_the_tiles_the_kernels_walk():
+    """dK/dV with far tiles of twice its rows: every pair once, the far tiles ending at the last
+    query; the report's reach is T5's (``t5_distance_reach`` at its defaults)."""
+    from course_lib.encodings.t5 import t5_distance_reach
+    from course_lib.gpu_static import model
+
+    seq = 1024
+    for far_rows in (None, 128):
+        far, near, band = model.far_tile_counts((64, 64), seq, "dkdv", 113, far_rows)
+        assert far + near + band == seq * (seq + 64) // 2
+        assert far % (64 * (far_rows or 64)) == 0 and near > 0
+    params = {"bias_table": torch.zeros(2, 32), "bidirectional": False, "max_distance": 128}
+    assert model.FAR_REACH == t5_distance_reach(params)
 
     def entry(features, fwd, bwd):
         kernels = {"forward": fwd, "dkdv": {b: v / 2 for b, v in bwd.items()},

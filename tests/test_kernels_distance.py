@@ -182,3 +182,97 @@ def test_positions_with_a_gap_are_refused_clearly_or_take_the_specialised_hook()
     out = attention(q, q, q, method="t5", position_ids=gap, bias_table=table, backend="triton")
     ref = attention(q, q, q, method="t5", position_ids=gap, bias_table=table)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def _fold_past(grad, reach: int):
+    """A table's gradient with every diagonal from ``reach`` on added into diagonal ``reach``
+    (what the parameters of a table constant there receive either way)."""
+    seq = (grad.shape[-1] + 1) // 2
+    folded = grad.clone()
+    folded[..., seq - 1 + reach] = grad[..., seq - 1 + reach :].sum(-1)
+    folded[..., seq + reach :] = 0.0
+    return folded
+
+
+@pytest.mark.parametrize(("reach", "seq"), [(0, 203), (60, 203), (5, 256)])
+def test_far_tiles_of_a_table_that_stops_changing_take_one_constant(reach, seq):
+    """A causal flash launch with ``far_reach``: a table constant from diagonal ``reach`` on,
+    padded keys and a ragged end. Output, dq, dk, dv against float64 autograd; the table's
+    gradient folded at ``reach``: the kernels give the ``dS`` of every pair that far apart to
+    that diagonal and nothing to the later ones (which they do only with the far form)."""
+    from course_lib.kernels.score_bias import DIAGONAL_TABLE
+
+    device = kernel_device()
+    batch, heads, dim = 2, 2, 16
+    q, k, v, up = torch.randn(4, batch, heads, seq, dim, generator=gen(11)).unbind(0)
+    table = torch.randn(1, heads, 2 * seq - 1, generator=gen(12))
+    table[..., seq - 1 + reach :] = table[..., seq - 1 + reach : seq + reach]  # constant past it
+    mask = torch.ones(batch, seq, dtype=torch.bool)
+    mask[1, -13:] = False
+    leaves = [t.clone().to(device).requires_grad_() for t in (q, k, v, table)]
+    bias = ScoreBias(DIAGONAL_TABLE, per_diagonal=leaves[3], far_reach=reach)
+    out = _fused("flash")(*leaves[:3], causal=True, key_padding_mask=mask.to(device),
+                          score_bias=bias)  # fmt: skip
+    grads = torch.autograd.grad(out, leaves, up.to(device))
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v, table)]
+    ref = _direct(*ref_leaves, True, mask, "flash")
+    ref_grads = torch.autograd.grad(ref, ref_leaves, up.double())
+    torch.testing.assert_close(out.cpu().double(), ref, atol=1e-4, rtol=1e-4)
+    for name, g, r in zip(("dq", "dk", "dv"), grads[:3], ref_grads[:3], strict=True):
+        torch.testing.assert_close(
+            g.cpu().double(), r, atol=2e-4, rtol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    dtable = grads[3].cpu().double()
+    torch.testing.assert_close(_fold_past(dtable, reach), _fold_past(ref_grads[3], reach),
+                               atol=2e-4, rtol=1e-3)  # fmt: skip
+    assert ref_grads[3][..., seq + reach :].abs().sum() > 0
+    assert dtable[..., seq + reach :].abs().sum() == 0
+
+
+def test_far_reach_is_checked_and_ignored_where_it_does_not_apply():
+    """``far_reach`` needs a hook with a far form and an int >= 0; a bidirectional launch reads
+    the whole table (no far tiles there), so a table that does change past the reach is read
+    as it is."""
+    from course_lib.kernels.score_bias import DIAGONAL_TABLE
+
+    from course_lib.flash_ops import flash_attention
+
+    device = kernel_device()
+    q, k, v = torch.randn(3, 1, 2, 40, 16, generator=gen(13)).to(device).unbind(0)
+    table = torch.randn(1, 2, 79, generator=gen(14)).to(device)
+    for bad in (-1, 2.5, True):
+        bias = ScoreBias(DIAGONAL_TABLE, per_diagonal=table, far_reach=bad)
+        with pytest.raises(ValueError, match="bias_far_reach must be an int >= 0"):
+            flash_attention(q, k, v, causal=True, score_bias=bias)
+    with pytest.raises(ValueError, match="has no far form"):
+        flash_attention(q, k, v, causal=True,
+                        score_bias=ScoreBias("linear_distance", per_head=torch.ones(2, device=device),
+                                             far_reach=3))  # fmt: skip
+    both = [
+        flash_attention(q, k, v, causal=False,
+                        score_bias=ScoreBias(DIAGONAL_TABLE, per_diagonal=table, far_reach=r))
+        for r in (None, 1)
+    ]  # fmt: skip
+    torch.testing.assert_close(*both, atol=0, rtol=0)
+
+
+def test_t5_far_past_its_last_bucket_equals_the_reference():
+    """T5 through ``attention()`` (causal, long enough for tiles past its last bucket, which
+    starts at ``t5_distance_reach``: 113 for 32 buckets and 128), against the reference backend:
+    output and the gradients of q, k, v and the bucket table."""
+    from course_lib.encodings.t5 import t5_distance_reach
+
+    device = kernel_device()
+    batch, heads, seq, dim = 1, 2, 300, 16
+    params = {"bias_table": torch.randn(heads, 32, generator=gen(15)), "max_distance": 128,
+              "bidirectional": False}  # fmt: skip
+    assert t5_distance_reach(params) == 113
+    q, k, v, up = torch.randn(4, batch, heads, seq, dim, generator=gen(16)).to(device).unbind(0)
+    results = []
+    for backend in ("triton", "reference"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, params["bias_table"].to(device))]
+        out = attention(*leaves[:3], method="t5", causal=True, backend=backend,
+                        bias_table=leaves[3], max_distance=128, bidirectional=False)  # fmt: skip
+        results.append([out, *torch.autograd.grad(out, leaves, up)])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-3)

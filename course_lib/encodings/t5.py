@@ -123,6 +123,21 @@ def t5_distance_bias(distances: torch.Tensor, params: dict) -> torch.Tensor:
     return table[:, buckets]
 
 
+def t5_distance_reach(params: dict) -> int:
+    """The distance ``n = p_i - p_j`` from which every key further back falls in the last bucket
+    (``B - 1``, for any table): the smallest ``n`` whose bucket is that of ``max_distance``.
+    With T5's defaults (32 buckets, 128, unidirectional) that is 113; the fused kernels then take
+    every tile lying further back than that as one constant."""
+    distances = torch.arange(int(params["max_distance"]) + 1)
+    buckets = relative_position_bucket(
+        -distances,
+        bidirectional=params["bidirectional"],
+        num_buckets=params["bias_table"].shape[-1],
+        max_distance=params["max_distance"],
+    )
+    return int((buckets < buckets[-1]).sum())  # the buckets never decrease with the distance
+
+
 def t5_bias(query_positions: torch.Tensor, key_positions: torch.Tensor, params: dict):
     """table[h, bucket(p_j - p_i)], a learned scalar per head and distance bucket
 
@@ -185,7 +200,9 @@ def t5_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:
     times faster than the bucket hook at head_dim 64 / 128, no-overlap bound); otherwise
     :data:`T5_BUCKETS`, which computes the bucket in the tile from any positions."""
     table = params["bias_table"]
-    by_distance = distance_score_bias(t5_distance_bias, positions, params, table.shape[0])
+    by_distance = distance_score_bias(
+        t5_distance_bias, positions, params, table.shape[0], reach=t5_distance_reach(params)
+    )
     if by_distance is not None:
         return by_distance
     options = {
@@ -258,6 +275,7 @@ register(
         module=T5Attention,
         color="#637939",
         distance_bias=t5_distance_bias,
+        distance_reach=t5_distance_reach,
         params={"bias_table": REQUIRED, "bidirectional": None, "max_distance": T5_MAX_DISTANCE},
         check_params=check_t5_params,
         kernel_bias=t5_kernel_bias,

@@ -137,13 +137,16 @@ def _kernel_features(c: dict, family: str, causal: bool, seq: int) -> dict:
     """One compiled kernel's cycles per pair (both bounds) and memory warp-instructions per
     pair at ``seq`` tokens."""
     tiles = tuple(int(t) for t in c["tiles"].split("x"))
-    cost, _ = model.kernel_cost(family, c["kernel"], c["loops"], tiles, causal, seq)
+    reach = model.FAR_REACH if c["features"].endswith("+far") else None
+    cost, _ = model.kernel_cost(family, c["kernel"], c["loops"], tiles, causal, seq, reach,
+                                c.get("far_rows"))  # fmt: skip
     mem_loops = [
         dict(bound="mem", overlap=lp["counts"].get("mem", 0) * c["warps"],
              no_overlap=lp["counts"].get("mem", 0) * c["warps"])
         for lp in c["loops"]
     ]  # fmt: skip
-    mem, _ = model.kernel_cost(family, c["kernel"], mem_loops, tiles, causal, seq)
+    mem, _ = model.kernel_cost(family, c["kernel"], mem_loops, tiles, causal, seq, reach,
+                               c.get("far_rows"))  # fmt: skip
     return dict(overlap=cost["overlap"], no_overlap=cost["no_overlap"], mem=mem["overlap"])
 
 

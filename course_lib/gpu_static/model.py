@@ -8,7 +8,10 @@ per pair is its cycles per iteration (:func:`.sass.loop_cycles`, both bounds: ``
   unmasked one, then the masked one (the diagonal band of a causal mask; bidirectional, only the
   ragged last tile, which the benchmark shape, a multiple of every block, does not have). Causal,
   the two are weighted by the tiles each visits at the benchmark shape; bidirectional, the first
-  counts alone. Flash backward = dK/dV + dQ (each visits every pair once). A loop nested in a
+  counts alone. With a hook's far form (causal), three: the far tiles (no bias), the unmasked
+  tiles nearer than the reach, the diagonal band, weighted by the tiles each visits at the
+  benchmark shape for the reach given. Flash backward = dK/dV + dQ (each visits every pair
+  once). A loop nested in a
   tile loop (T5's loop over the buckets present in a tile) counts at one trip per tile: at the
   benchmark shape with T5's default 128-token reach, almost every tile lies in one bucket.
 * stick-breaking forward: one loop per stick (bidirectional: a left and a right one, each over
@@ -51,8 +54,10 @@ __all__ = [
     "anchor_facts",
     "BOUNDS",
     "DRAM_BYTES_PER_SM_CYCLE",
+    "FAR_REACH",
     "PER_TOKEN_PASSES",
     "SB_REFERENCE",
+    "far_tile_counts",
     "kernel_cost",
     "kernel_facts",
     "occupancy_cell",
@@ -91,6 +96,10 @@ SB_REFERENCE_NAME = "stick-breaking paper's reference kernel (causal, bf16)"
 PER_TOKEN_PASSES = ("delta", "encode_q", "encode_k", "decode_q", "decode_k")
 #: The kernel families whose tile loops the model costs (CoPE's scan is compiled, not modelled).
 FAMILIES = ("flash", "stick")
+# The far form's reach at the benchmark: T5's with its defaults (32 buckets, 128,
+# unidirectional), where its last bucket starts (course_lib.encodings.t5.t5_distance_reach). A
+# runtime value: it changes no compile, only how the far loop is weighted against the others.
+FAR_REACH = 113
 # DRAM bytes per SM per clock on an H100 SXM (NVIDIA's datasheet: 3.35 TB/s of HBM3, 132 SMs,
 # 1.98 GHz boost clock); an H200 has 4.8 TB/s, so this is the slower of the two.
 DRAM_BYTES_PER_SM_CYCLE = 3.35e12 / (132 * 1.98e9)
@@ -133,10 +142,43 @@ def _diagonal_share(
     return n_outer * band / visited
 
 
+def far_tile_counts(
+    tiles: tuple[int, int], seq: int, kernel: str, reach: int, far_rows: int | None = None
+) -> tuple[int, int, int]:
+    """``(far, near, band)``: the (query, key) pairs a causal flash kernel visits in its three
+    loops at ``seq`` tokens (a multiple of both blocks), with a far form of reach ``reach``
+    (tokens): the tiles every pair of which is at least ``reach`` apart, the other unmasked
+    ones, and the diagonal band, as ``kernels/flash.py`` splits them (dK/dV: far tiles of
+    ``far_rows`` queries, default ``BLOCK_M``, ending at the last query)."""
+    bm, bn = tiles
+    far = near = band = 0
+    if kernel != "dkdv":  # rows are query blocks, walking key blocks
+        for q0 in range(0, seq, bm):
+            mid = q0 // bn * bn
+            far_end = min(max(q0 - reach + 1, 0) // bn * bn, mid)
+            far += far_end * bm
+            near += (mid - far_end) * bm
+            band += -(-(min(q0 + bm, seq) - mid) // bn) * bn * bm
+    else:  # rows are key blocks, walking query blocks
+        fm = far_rows or bm
+        for k0 in range(0, seq, bn):
+            lo = k0 // bm * bm
+            band_end = -(-(k0 + bn) // bm) * bm
+            far_start = min(max(-(-(k0 + bn - 1 + reach) // bm) * bm, band_end), seq)
+            far_start = seq - max(seq - far_start, 0) // fm * fm
+            far += (seq - far_start) * bn
+            near += max(far_start - band_end, 0) * bn
+            band += (min(band_end, seq) - lo) * bn
+    return far, near, band
+
+
 def kernel_cost(family: str, kernel: str, loops: list[dict], tiles: tuple[int, int],
-                causal: bool, seq: int) -> tuple[dict, str]:  # fmt: skip
+                causal: bool, seq: int, far_reach: int | None = None,
+                far_rows: int | None = None) -> tuple[dict, str]:  # fmt: skip
     """Cycles per visited pair of one kernel under each bound (``{"overlap": ..,
-    "no_overlap": ..}``), and the bound(s) of its loops (e.g. ``"tc/issue+spill"``)."""
+    "no_overlap": ..}``), and the bound(s) of its loops (e.g. ``"tc/issue+spill"``);
+    ``far_reach``: the reach of a hook's far form (flash, causal: three loops), ``far_rows``:
+    the rows of the dK/dV kernel's far tiles (default: its ``BLOCK_M``)."""
     if not loops:
         raise ValueError(f"{family} {kernel}: no inner loop found")
     pairs = tiles[0] * tiles[1]
@@ -150,8 +192,16 @@ def kernel_cost(family: str, kernel: str, loops: list[dict], tiles: tuple[int, i
             elif len(per) == 2:  # the unmasked loop, then the masked one (diagonal, ragged end)
                 share = _diagonal_share(tiles, causal, seq, rows_are_queries=kernel != "dkdv")
                 cost[b] = (1 - share) * per[0] + share * per[1]
+            elif len(per) == 3 and causal and far_reach is not None:  # far, near, band
+                counts = far_tile_counts(tiles, seq, kernel, far_reach, far_rows)
+                if kernel == "dkdv" and far_rows:  # its far tiles hold far_rows x BLOCK_N pairs
+                    per[0] = loops[0][b] / (far_rows * tiles[1])
+                cost[b] = sum(n * c for n, c in zip(counts, per, strict=True)) / sum(counts)
             else:
-                raise ValueError(f"flash {kernel}: {len(per)} inner loops, expected 1 or 2")
+                raise ValueError(
+                    f"flash {kernel}: {len(per)} inner loops, expected 1 or 2 (3 with a far "
+                    "form, causal, given its reach)"
+                )
         elif kernel == "forward":
             cost[b] = sum(per) / len(per)
         else:

@@ -35,11 +35,14 @@ from pathlib import Path
 
 import torch
 
+from course_lib.gpu_static import model
+
 __all__ = [
     "BENCH_HIDDEN",
     "BENCH_SEQ",
     "BENCH_TOKENS",
     "DTYPES",
+    "FAR_REACH",
     "Features",
     "Variant",
     "compile_ready",
@@ -57,6 +60,7 @@ __all__ = [
 BENCH_TOKENS, BENCH_HIDDEN, BENCH_SEQ = 16384, 2048, 8192
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COPE_NPOS = 64  # CoPE's position table in the report (a runtime size: it changes no compile)
+FAR_REACH = model.FAR_REACH  # the far form's reach in the report (a runtime value)
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 _PACKAGE = "_gpu_static_kernels"
 
@@ -162,7 +166,7 @@ def compiled_hook(hook):
     """A score-bias hook object with compiled-mode functions (see :func:`compiled_function`),
     as an instance of the compiled package's ``BiasHook``."""
     fields = {f.name: getattr(hook, f.name) for f in dataclasses.fields(hook)}
-    for name in ("bias", "grad", "factor", "split"):
+    for name in ("bias", "grad", "factor", "split", "far"):
         if fields.get(name) is not None:
             fields[name] = compiled_function(fields[name])
     target = _module("score_bias").BiasHook  # an earlier kernels/ may lack newer fields
@@ -204,13 +208,15 @@ def hooks() -> dict[str, object]:
 class Features:
     """What a wrapper call switches on: ``tables`` (None or a pair layout), ``gain``, ``hook``
     (the name of a registered score-bias hook, see :func:`hooks`, or None), ``grad`` (its
-    parameter gradient), ``mask``."""
+    parameter gradient), ``mask``, ``far`` (the hook's far form, flash only: the tiles past
+    :data:`FAR_REACH` run without the bias)."""
 
     tables: str | None = None
     gain: bool = False
     hook: str | None = None
     grad: bool = False
     mask: bool = False
+    far: bool = False
 
     @property
     def label(self) -> str:
@@ -223,6 +229,8 @@ class Features:
             parts.append(self.hook + ("(grad)" if self.grad else ""))
         if self.mask:
             parts.append("mask")
+        if self.far:
+            parts.append("far")
         return "+".join(parts) or "plain"
 
 
@@ -249,6 +257,8 @@ def feature_sets(full: bool, family: str | None = None) -> list[Features]:
     out = [Features(), Features(tables="interleaved")]
     for name, hook in chosen.items():
         out.append(Features("interleaved", True, name, hook.grad is not None))
+        if family == "flash" and getattr(hook, "far", None) is not None:  # as T5 runs it
+            out.append(Features("interleaved", True, name, hook.grad is not None, far=True))
     if full:
         out.append(Features("interleaved", True))
         for name, hook in chosen.items():
@@ -353,6 +363,8 @@ def _plan(v: Variant) -> tuple[list, int]:
     keyword = _options_keyword(getattr(m, fwd_name))  # (CoPE takes none of these options)
     if hook is not None and keyword is not None:
         options[keyword] = dict(hook.example_options or {})
+    if f.far:
+        options["bias_far_reach"] = FAR_REACH
     if v.family == "flash":  # the benchmark's positions, arange(seq): ordered and affine
         takes = inspect.signature(m.flash_attention_forward).parameters
         for name in ("positions_ordered", "positions_affine"):
