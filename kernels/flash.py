@@ -1555,7 +1555,8 @@ def flash_attention_backward(
         BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
         GRAD_PER_TILE=per_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         # far tiles call no hook: twice the rows where the hook's gradient wants square tiles
-        FAR_BLOCK_M=(2 if per_tile else 1) * cfg.block_m if far else 0, **switches,
+        FAR_BLOCK_M=(2 if per_tile and head_dim < 128 else 1) * cfg.block_m if far else 0,
+        **switches,
     )))  # fmt: skip
     # a per-token bias's query side (b_ij = a_i - a_j): d loss / d a_i += sum_j dS_ij
     row_sums = bias_grad and a.hook.query_row_sums

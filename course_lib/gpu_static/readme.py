@@ -34,9 +34,11 @@ def _name(family: str, features: str, users: dict | None = None) -> str:
     encodings that hand the hook to the kernels (``users``: the report's ``hook_users``)."""
     kernel = "flash" if family == "flash" else "stick-breaking"
     label = _FEATURE_NAMES.get(features, features.replace("tables+gain+", "tables, gain, "))
-    hook = features.rsplit("+", 1)[-1].removesuffix("(grad)")
-    if users and users.get(hook):
-        label += f" ({', '.join(users[hook])})"
+    far = features.endswith("+far")  # the hook's far form: its own users
+    hook = features.removesuffix("+far").rsplit("+", 1)[-1].removesuffix("(grad)")
+    key = hook + "+far" if far else hook
+    if users and users.get(key):
+        label += f" ({', '.join(users[key])})"
     return f"{kernel}: {label}"
 
 

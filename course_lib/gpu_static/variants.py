@@ -181,7 +181,7 @@ def hook_users() -> dict[str, list[str]]:
     """``hook name -> the encodings that can hand it to the kernels``: those that list it in
     their record's ``kernel_hooks``; for the per-distance table, those with a ``distance_bias``
     (marked ``*`` where the record's ``kernel_bias`` chooses between the table and a specialised
-    hook of its own)."""
+    hook of its own), and under ``diagonal_table+far`` those that declare a ``distance_reach``."""
     from course_lib.kernel_hooks import registered_hooks
     from course_lib.registry import REGISTRY
 
@@ -191,6 +191,10 @@ def hook_users() -> dict[str, list[str]]:
             users.setdefault(hook.name, []).append(name)
         if encoding.distance_bias is not None and "diagonal_table" in users:
             users["diagonal_table"].append(name + ("" if encoding.kernel_bias is None else "*"))
+            if encoding.distance_reach is not None:  # its table stops changing: the far form
+                users.setdefault("diagonal_table+far", []).append(
+                    name + ("" if encoding.kernel_bias is None else "*")
+                )
     return users
 
 
