@@ -463,7 +463,10 @@ def goal_lines(rep: dict) -> list[str]:
         lines.append(f"speed goals (causal, bf16, sm_90, fwd+bwd; {title}):")
         for v in goals.judge(rep, calibrated=params):
             if v["value"] is None:
-                lines.append(f"  MISSING {v['goal']} D{v['head_dim']}: not in this report")
+                lines.append(
+                    f"  MISSING {v['goal']} D{v['head_dim']}: not in this report (or, "
+                    "calibrated, without plain flash's kernels to compare with)"
+                )
                 continue
             verdict = "met   " if v["met"] else f"MISSED by {v['short_by']:.3f}"
             lines.append(

@@ -1257,6 +1257,13 @@ _SMEM_CLASS_CONFIGS: dict[tuple[str, str, str, str], tuple[int, int, int, int]] 
 }
 # A hook whose gradient is per tile gets square tiles of at most this side, by class.
 _SQUARE_LIMIT = {"64k": 32}
+# Warps of those square dK/dV tiles, keyed (arch, family), where they differ from the kernel's
+# own. On an H100 at head_dim 64 a 64-row tile runs on one warpgroup: on two, both would
+# compute every product and exponential (the report counted twice the tensor-core and MUFU
+# instructions per pair). At head_dim 128 one warpgroup spills (about 90 accesses per
+# iteration), and 32-wide tiles leave the tensor cores' warpgroup products for smaller ones
+# that load more per pair, so both warpgroups stay.
+_SQUARE_WARPS = {(90, "16bit"): 4}
 
 
 def smem_class(device: torch.device) -> str | None:
@@ -1317,6 +1324,7 @@ def pick_config(
     )
     if square:  # the larger side, at most 64 (at head_dim 128 the dK/dV accumulators then fit)
         block_m = block_n = min(max(block_m, block_n), _SQUARE_LIMIT.get(small, 64))
+        num_warps = _SQUARE_WARPS.get((arch, family), num_warps)
     return FlashConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
 
 
@@ -1554,8 +1562,11 @@ def flash_attention_backward(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
         GRAD_PER_TILE=per_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        # far tiles call no hook: twice the rows where the hook's gradient wants square tiles
-        FAR_BLOCK_M=(2 if per_tile and head_dim < 128 else 1) * cfg.block_m if far else 0,
+        # far tiles call no hook: at head_dim 64, twice the rows where 8 warps walk the square
+        # tiles of a per-tile gradient (on an H100 the rows of one warpgroup's product each)
+        FAR_BLOCK_M=(
+            2 if per_tile and head_dim < 128 and cfg.num_warps == 8 else 1
+        ) * cfg.block_m if far else 0,
         **switches,
     )))  # fmt: skip
     # a per-token bias's query side (b_ij = a_i - a_j): d loss / d a_i += sum_j dS_ij

@@ -131,6 +131,26 @@ def test_tiles_follow_the_gpus_shared_memory_and_bf16_is_refused_where_it_has_no
     assert stages == {90: 2, 100: 1}
 
 
+def test_every_h100_warpgroup_at_head_dim_64_gets_rows_of_its_own():
+    """An H100 warpgroup (4 warps) multiplies 64 rows at a time: a flash tile whose row side (the
+    queries of the forward and dQ kernels, the keys of the dK/dV kernel) gives a warpgroup
+    fewer would have both warpgroups compute the same products. At head_dim 64 no 16-bit
+    launch does, the square tiles of a per-tile gradient included."""
+    from course_lib.gpu_static import variants
+
+    common = variants._module("common")
+    flash = variants._module("flash")
+    cuda = torch.device("cuda")
+    with common.planned_launches(90):
+        for kernel in flash.KERNELS:
+            for bias, square in ((False, False), (True, False), (True, True)):
+                if square and kernel != "dkdv":
+                    continue
+                cfg = flash.pick_config(kernel, 64, torch.bfloat16, cuda, bias=bias, square=square)
+                rows = cfg.block_n if kernel == "dkdv" else cfg.block_m
+                assert rows // (cfg.num_warps // 4) >= 64, (kernel, bias, square, cfg)
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 

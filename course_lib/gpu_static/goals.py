@@ -111,7 +111,8 @@ def judge(rep: dict, goals=GOALS, calibrated: dict | None = None) -> list[dict]:
     """One verdict per (goal, head_dim): ``goal``, ``head_dim``, ``value`` (the worst row's
     ratio), ``floor``, ``met``, ``short_by`` (floor - value, 0 when met), ``row`` (the worst
     row's features) and ``bound`` (its forward's busiest classes). A goal whose rows the report
-    lacks is reported with ``value`` None and ``met`` False.
+    lacks (or whose ratio it cannot form: a calibrated one without plain flash's kernels) is
+    reported with ``value`` None and ``met`` False.
 
     ``calibrated``: parameters of :mod:`.calibrate` (e.g. ``calibrate.committed_params()``):
     the goals on ``plain_x_no`` are judged on ``plain_x_cal`` instead, the model calibrated
@@ -127,7 +128,9 @@ def judge(rep: dict, goals=GOALS, calibrated: dict | None = None) -> list[dict]:
     out = []
     for goal in goals:
         for d, floor in goal.floors.items():
-            found = [e for fam, feat in goal.rows for e in _rows(rep, fam, feat, d)]
+            # a calibrated ratio needs plain flash in the report too (a --filter can drop it)
+            found = [e for fam, feat in goal.rows for e in _rows(rep, fam, feat, d)
+                     if goal.metric in e]  # fmt: skip
             if not found:
                 out.append(dict(goal=goal.name, head_dim=d, value=None, floor=floor, met=False,
                                 short_by=None, row=None, bound=None))  # fmt: skip
