@@ -133,3 +133,18 @@ def test_apply_adds_calibrated_ratios_and_goals_can_be_judged_on_them():
     rope_cal = next(v for v in cal if v["goal"] == "RoPE vs plain flash" and v["head_dim"] == 64)
     assert rope_cal["value"] == pytest.approx(row["plain_x_cal"])
     assert math.isfinite(rope_cal["value"])
+
+
+def test_per_token_passes_are_charged_against_plain_flashs_measured_time():
+    """A pass's DRAM cycles count against ``k`` times the model's cycles of plain flash, ``k``
+    being the measured time of plain flash over the model's (the loops' ratios stay as fitted)."""
+    plain = dict(overlap=0.3, no_overlap=0.5, mem=0.08, passes=0.0)
+    row = dict(features=dict(plain, passes=0.03), plain=plain, pass_="fwd+bwd")
+    assert calibrate.predict(dict(w=0.0, s=1.0), row) == pytest.approx(1 / 1.1)
+    scaled = dict(w=0.0, s=1.0, loop_scale={"fwd+bwd": 3.0})
+    assert calibrate.predict(scaled, row) == pytest.approx(1 / (1 + 0.1 / 3))
+    rep, meas = calibrate._load(calibrate.REPORT), calibrate._load(calibrate.MEASUREMENT)
+    k = calibrate.loop_scale(rep, meas, calibrate.committed_params())
+    # the model's cycles leave out most of a real kernel's time: k is well above 1
+    assert set(k) == {"fwd", "fwd+bwd"} and all(2 < v < 5 for v in k.values())
+    assert k == pytest.approx(calibrate.committed_params()["loop_scale"], rel=1e-3)

@@ -53,10 +53,12 @@ __all__ = [
     "ANCHOR_OCCUPANCY",
     "anchor_facts",
     "BOUNDS",
+    "CLOCK_HZ",
     "DRAM_BYTES_PER_SM_CYCLE",
     "FAR_REACH",
     "PER_TOKEN_PASSES",
     "SB_REFERENCE",
+    "SM_COUNT",
     "far_tile_counts",
     "kernel_cost",
     "kernel_facts",
@@ -100,9 +102,12 @@ FAMILIES = ("flash", "stick")
 # unidirectional), where its last bucket starts (course_lib.encodings.t5.t5_distance_reach). A
 # runtime value: it changes no compile, only how the far loop is weighted against the others.
 FAR_REACH = 113
-# DRAM bytes per SM per clock on an H100 SXM (NVIDIA's datasheet: 3.35 TB/s of HBM3, 132 SMs,
-# 1.98 GHz boost clock); an H200 has 4.8 TB/s, so this is the slower of the two.
-DRAM_BYTES_PER_SM_CYCLE = 3.35e12 / (132 * 1.98e9)
+# An H100 SXM's (and an H200's) SMs and boost clock (NVIDIA's datasheets).
+SM_COUNT = 132
+CLOCK_HZ = 1.98e9
+# DRAM bytes per SM per clock on an H100 SXM (its datasheet: 3.35 TB/s of HBM3); an H200 has
+# 4.8 TB/s, so this is the slower of the two.
+DRAM_BYTES_PER_SM_CYCLE = 3.35e12 / (SM_COUNT * CLOCK_HZ)
 
 
 def token_pass_bytes(name: str, head_dim: int, elem: int) -> int:
