@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook")
     parser.add_argument("--check", action="store_true", help="report disagreements, write nothing")
     args = parser.parse_args(argv)
+    args.notebooks = [p.resolve() for p in args.notebooks]  # relative to where it is run
     try:
         return _run(args)
     except ValueError as error:

@@ -1,0 +1,145 @@
+"""What a fused kernel costs beside plain flash attention, for the chapters that swap one in.
+
+Two committed sources, both labelled where they are printed:
+
+* the **static model calibrated** against an H200 (``figures/gpu_report.json`` and
+  ``figures/gpu_static_calibration.json``; :mod:`course_lib.gpu_static.calibrate`): compiled
+  sm_90 machine code of the kernels as they are now, no GPU needed. An estimate, not a time.
+* the **H200's times** (``figures/gpu_check/nvidia_h200.json``), of the kernels at the commit
+  that measured them, which may be older than the kernels the model sees.
+
+Both at the speed goals' shape: forward + backward, causal, bf16, 4096 tokens (head_dim 64;
+the model also at 128). A ratio is plain flash's time over the method's: 1.0 costs what plain
+attention costs, 0.5 twice as much.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from course_lib.gpu_static import calibrate
+
+__all__ = ["RUNS", "fused_cost", "print_fused_costs"]
+
+FIGURES = Path(__file__).resolve().parents[2] / "figures"
+GPU_CHECK = FIGURES / "gpu_check" / "nvidia_h200.json"
+GPU_REPORT = FIGURES / "gpu_report.json"
+
+#: method -> (kernel family, the report row of the launch it runs causally with positions that
+#: step by a constant, whether to take the hook alone: that row minus what RoPE's tables add).
+#: The rows with a hook are compiled in their heaviest combination (RoPE's tables, a gain).
+RUNS: dict[str, tuple[str, str, bool]] = {
+    "alibi": ("flash", "tables+gain+linear_distance(grad)", True),
+    "t5": ("flash", "tables+gain+diagonal_table(grad)+far", True),
+    "kerple": ("flash", "tables+gain+diagonal_table(grad)", True),
+    "fox": ("flash", "tables+gain+cumulative_log_gates(grad)", True),
+    "stick_breaking": ("stick", "plain", False),
+    "rse": ("stick", "tables+gain+linear_distance(grad)", False),
+}
+#: what the kernels of each family cost, by name (the extra work per kernel is printed)
+_KERNEL_NAMES = {
+    "flash": {"forward": "forward", "dkdv": "dK/dV", "dq": "dQ"},
+    "stick": {"forward": "forward", "bwd_rows": "backward rows", "bwd_cols": "backward columns"},
+}
+_LABELS = {"alibi": "ALiBi", "t5": "T5", "kerple": "KERPLE", "fox": "FoX",
+           "stick_breaking": "stick-breaking", "rse": "RSE", "cope": "CoPE"}  # fmt: skip
+
+
+def _model_row(rep: dict, method: str, head_dim: int) -> dict:
+    family, features, alone = RUNS[method]
+    common = dict(causal=True, head_dim=head_dim, dtype="bf16", seq=calibrate.GOAL_SEQ,
+                  pass_="fwd+bwd")  # fmt: skip
+    return dict(
+        features=calibrate.row_features(rep, family, features, hook_alone=alone, **common),
+        plain=calibrate.row_features(rep, "flash", "plain", **common),
+        pass_="fwd+bwd",
+    )
+
+
+def _memory_by_kernel(rep: dict, run: tuple[str, str, bool], head_dim: int) -> dict[str, float]:
+    """Each kernel's memory instructions per pair over plain flash's three kernels' together
+    (the term the calibrated model weighs) for one of :data:`RUNS`' launches (hook alone where
+    it says so)."""
+    family, features, alone = run
+    compiled = calibrate._compiled(rep)
+    entries = {(e["family"], e["features"]): e for e in rep["model"]
+               if e.get("arch", calibrate.ARCH) == calibrate.ARCH and e["causal"]
+               and e["head_dim"] == head_dim and e["dtype"] == "bf16"}  # fmt: skip
+
+    def mem(fam: str, feat: str, kernel: str) -> float:
+        rows = entries[(fam, feat)].get("compile_rows", {})
+        c = (rep["compiles"][rows[kernel]] if kernel in rows
+             else compiled[(fam, feat, True, head_dim, "bf16", kernel)])  # fmt: skip
+        return calibrate._kernel_features(c, fam, True, calibrate.GOAL_SEQ)["mem"]
+
+    plain = sum(mem("flash", "plain", k) for k in calibrate.KERNELS["flash"])
+    out = {}
+    for k in calibrate.KERNELS[family]:
+        own = mem(family, features, k)
+        if alone:
+            own += mem(family, "plain", k) - mem(family, "tables", k)
+        out[_KERNEL_NAMES[family][k]] = own / plain
+    return out
+
+
+def _measured(method: str, seq: int = 4096, head_dim: int = 64) -> float | None:
+    """Plain flash's time over the method's kernel's on the H200 (forward + backward), or None."""
+    times = {}
+    for r in json.loads(GPU_CHECK.read_text())["speed"]:
+        if (r["contender"], r["seq"], r["head_dim"], r["dtype"], r["causal"], r["pass_"]) == (
+            "kernel", seq, head_dim, "bf16", True, "fwd+bwd"
+        ) and r.get("ms"):  # fmt: skip
+            times[r["method"]] = r["ms"]
+    if method not in times or "softmax" not in times:
+        return None
+    return times["softmax"] / times[method]
+
+
+def fused_cost(method: str) -> dict:
+    """``{"calibrated": {64: ratio, 128: ratio}, "memory": {kernel: share} (head_dim 64),
+    "measured": ratio or None}`` for one method of :data:`RUNS` (ratios: plain flash's time
+    over the method's; ``memory``: each kernel's memory instructions per pair over plain
+    flash's, all three kernels together)."""
+    if method not in RUNS:
+        raise ValueError(f"method must be one of {sorted(RUNS)}, got {method!r}")
+    rep = json.loads(GPU_REPORT.read_text())
+    params = calibrate.committed_params()
+    calibrated = {d: calibrate.predict(params, _model_row(rep, method, d)) for d in (64, 128)}
+    return dict(calibrated=calibrated, memory=_memory_by_kernel(rep, RUNS[method], 64),
+                measured=_measured(method))  # fmt: skip
+
+
+def _times(ratio: float) -> str:
+    """A speed ratio as a multiple of plain flash's time (``1.25x``; ``416x``)."""
+    t = 1 / ratio
+    return f"{t:.0f}x" if t >= 10 else f"{t:.2f}x"
+
+
+def print_fused_costs(methods: tuple[str, ...]) -> None:
+    """Print :func:`fused_cost` of each method as multiples of plain flash's time, with what
+    each number is; a method the model does not cover (CoPE) gets the H200's time only, and
+    says so."""
+    meta = json.loads(GPU_CHECK.read_text())["meta"]
+    rep = json.loads(GPU_REPORT.read_text())
+    plain = _memory_by_kernel(rep, ("flash", "plain", False), 64)
+    gpu = f"{meta['device']['name']} (kernels of commit {meta['commit'][:7]})"
+    print("time of the fused kernel, in plain flash attention's (1.00x: the same), forward + "
+          "backward, causal, bf16, 4096 tokens:")  # fmt: skip
+    for m in methods:
+        measured = _measured(m)
+        print(f"  {_LABELS.get(m, m)}")
+        if m in RUNS:
+            cal = fused_cost(m)["calibrated"]
+            print(f"    static model, calibrated (an estimate): {_times(cal[64])} at head_dim 64, "
+                  f"{_times(cal[128])} at 128")  # fmt: skip
+        else:
+            print(f"    static model: not modelled ({calibrate.UNMODELLED.get(m, '')})")
+        if measured is not None:
+            print(f"    measured on the {gpu}, head_dim 64: {_times(measured)}")
+        if m in RUNS:
+            shares = ", ".join(
+                f"{k} {v:.2f}" + (f" (plain {plain[k]:.2f})" if k in plain else "")
+                for k, v in fused_cost(m)["memory"].items()
+            )
+            print(f"    memory instructions per pair (plain flash's total = 1): {shares}")

@@ -1,0 +1,44 @@
+"""Chapters 05, 06 and 08's cost of a fused kernel beside plain flash attention, read from the
+committed static model and H200 times (course_lib.teaching.fused_cost)."""
+
+import pytest
+
+from course_lib.gpu_static import calibrate, goals
+from course_lib.teaching import fused_cost
+
+
+def test_each_method_reads_the_report_row_it_runs():
+    current = {(e["family"], e["features"]) for e in fused_cost.json.loads(
+        fused_cost.GPU_REPORT.read_text())["model"]}  # fmt: skip
+    for method, (family, features, alone) in fused_cost.RUNS.items():
+        assert (family, features) in current, method
+        if alone:
+            assert (family, "tables") in current
+    # T5 runs the per-distance table with its far tiles, as the speed goal judges it
+    t5_goal = next(g for g in goals.GOALS if g.name.startswith("T5"))
+    assert fused_cost.RUNS["t5"][:2] == t5_goal.rows[0]
+
+
+def test_a_hook_alone_costs_no_more_than_its_heaviest_combination():
+    """The hook alone (the row minus what RoPE's tables add) is at least as fast, by the
+    calibrated model, as the row with the tables, which the goals judge."""
+    rep = fused_cost.json.loads(fused_cost.GPU_REPORT.read_text())
+    calibrate.apply(rep, calibrate.committed_params())
+    entries = {(e["family"], e["features"], e["head_dim"]): e for e in rep["model"]
+               if e["causal"] and e["dtype"] == "bf16" and e.get("arch", 90) == 90}  # fmt: skip
+    for method in ("alibi", "t5", "fox"):
+        family, features, _ = fused_cost.RUNS[method]
+        cost = fused_cost.fused_cost(method)
+        for d in (64, 128):
+            assert cost["calibrated"][d] >= entries[(family, features, d)]["plain_x_cal"] - 1e-9
+        assert set(cost["memory"]) == {"forward", "dK/dV", "dQ"}
+        assert cost["measured"] is not None and 0 < cost["measured"] < 1
+
+
+def test_the_print_says_what_is_modelled_and_what_was_measured(capsys):
+    fused_cost.print_fused_costs(("t5", "cope"))
+    out = capsys.readouterr().out
+    assert "calibrated (an estimate)" in out and "NVIDIA H200" in out
+    assert "CoPE\n    static model: not modelled" in out
+    with pytest.raises(ValueError, match="method must be one of"):
+        fused_cost.fused_cost("nope")
