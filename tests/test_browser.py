@@ -731,6 +731,34 @@ RISE_DECKS = {
     "score biases": "06_score_biases.ipynb",
     "the comparison": "10_bert_comparison.ipynb",
 }
+# Console errors of jupyterlab-rise's own slide page (0.43.1, its newest release) that nothing
+# the course sets removes, each logged as "console.error: <text> (<file>)". Its bundle provides
+# @jupyter/web-components 0.16.7 and also requires ~0.13.3 (it warns "Unsatisfied version"), so
+# both load and the design tokens of their FAST library recurse in one of its own chunks; and it
+# links `rise.css` and `<notebook>.css` beside every notebook, optional deck styles the course
+# does not have (the server answers 404 with an HTML page). Any other error on a deck, or these
+# from anywhere else, fails the deck test.
+RISE_UPSTREAM_ERRORS = (
+    re.compile(
+        r"console\.error: RangeError: Maximum call stack size exceeded \(rise/\d+\.bundle\.js\)"
+    ),
+    re.compile(
+        r"console\.error: Refused to apply style from '\S+/files/[^/']+\.css' because its MIME "
+        r"type \('text/html'\) is not a supported stylesheet MIME type.* \(rise/[^/()]+\.ipynb\)"
+    ),
+)
+
+
+def _console_line(message) -> str:
+    """One log line of a console message; an error names the file or page it came from (the
+    last two parts of its URL: ``rise/4437.bundle.js``, ``rise/03_rope.ipynb``)."""
+    line = f"console.{message.type}: {message.text}"
+    if message.type == "error":
+        url = (message.location or {}).get("url", "")
+        path = url.split("#")[0].split("?")[0]
+        line += f" ({'/'.join(path.split('/')[-2:])})"
+    return line
+
 
 # Where the deck is: (top-level slide, sub-slide, visible fragments).
 _JS_DECK_POSITION = """() => {
@@ -800,7 +828,7 @@ def test_rise_deck_steps_through_its_slides_and_its_explorer_updates(
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     context.set_default_timeout(WIDGET_TIMEOUT_MS)
     page = context.new_page()
-    page.on("console", lambda message: log.append(f"console.{message.type}: {message.text}"))
+    page.on("console", lambda message: log.append(_console_line(message)))
     page.on("pageerror", lambda error: log.append(f"page error: {error}"))
     try:
         page.goto(f"{lab.base_url}/rise/{urllib.parse.quote(name)}?token={lab.token}")
@@ -884,6 +912,9 @@ def test_rise_deck_steps_through_its_slides_and_its_explorer_updates(
             raise AssertionError(f"{name}: moving {label!r} on the slide did not redraw") from error
         settled_explorer_figures(output)
         box.screenshot(path=folder / f"explorer-{_slug(label)}.png")
+        errors = [line for line in log if line.startswith(("console.error", "page error"))
+                  and not any(known.fullmatch(line) for known in RISE_UPSTREAM_ERRORS)]  # fmt: skip
+        assert not errors, f"{name}: errors on the deck's page:\n" + "\n".join(errors[:20])
         print(f"{name}: deck of {steps + 1} steps, explorer moved ({label})")
     except BaseException:
         page.screenshot(path=folder / "failure.png")
