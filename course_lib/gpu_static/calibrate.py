@@ -77,6 +77,7 @@ __all__ = [
     "apply",
     "calibrate",
     "fit",
+    "kernel_features",
     "leave_one_out",
     "loop_scale",
     "measured_rows",
@@ -156,6 +157,27 @@ def _kernel_features(c: dict, family: str, causal: bool, seq: int) -> dict:
     return dict(overlap=cost["overlap"], no_overlap=cost["no_overlap"], mem=mem["overlap"])
 
 
+def _compile_of(rep: dict, entry: dict, compiled: dict, key: tuple, kernel: str) -> dict:
+    """The compile row of one kernel of a model row (``entry``, keyed ``key`` = (family,
+    features, causal, head_dim, dtype)): a launch compiled once for several rows is named in
+    the entry's ``compile_rows``."""
+    rows = entry.get("compile_rows", {})
+    return rep["compiles"][rows[kernel]] if kernel in rows else compiled[(*key, kernel)]
+
+
+def kernel_features(rep: dict, family: str, features: str, kernel: str, causal: bool = True,
+                    head_dim: int = 64, dtype: str = "bf16", seq: int = GOAL_SEQ) -> dict:  # fmt: skip
+    """One kernel of a report row (sm_90): ``overlap`` and ``no_overlap`` cycles per pair and
+    ``mem``, memory warp-instructions per pair, at ``seq`` tokens."""
+    key = (family, features, causal, head_dim, dtype)
+    entry = next((e for e in rep["model"] if e.get("arch", ARCH) == ARCH
+                  and (e["family"], e["features"], e["causal"], e["head_dim"], e["dtype"]) == key),
+                 {})  # fmt: skip
+    return _kernel_features(
+        _compile_of(rep, entry, _compiled(rep), key, kernel), family, causal, seq
+    )
+
+
 def _row_passes(entry: dict, forward_only: bool, seq: int, elem: int) -> float:
     names = entry.get("pass_costs") or {}
     return sum(
@@ -180,13 +202,8 @@ def row_features(rep: dict, family: str, features: str, causal: bool, head_dim: 
 
     def one(feat: str, sign: float, out: dict) -> None:
         entry = entries.get((family, feat, causal, head_dim, dtype), {})
-        rows = entry.get("compile_rows", {})  # a launch compiled once for several rows
         for k in kernels:
-            c = (
-                rep["compiles"][rows[k]]
-                if k in rows
-                else compiled[(family, feat, causal, head_dim, dtype, k)]
-            )
+            c = _compile_of(rep, entry, compiled, (family, feat, causal, head_dim, dtype), k)
             f = _kernel_features(c, family, causal, seq)
             for name, v in f.items():
                 out[name] += sign * v

@@ -62,16 +62,9 @@ def _memory_by_kernel(rep: dict, run: tuple[str, str, bool], head_dim: int) -> d
     (the term the calibrated model weighs) for one of :data:`RUNS`' launches (hook alone where
     it says so)."""
     family, features, alone = run
-    compiled = calibrate._compiled(rep)
-    entries = {(e["family"], e["features"]): e for e in rep["model"]
-               if e.get("arch", calibrate.ARCH) == calibrate.ARCH and e["causal"]
-               and e["head_dim"] == head_dim and e["dtype"] == "bf16"}  # fmt: skip
 
     def mem(fam: str, feat: str, kernel: str) -> float:
-        rows = entries[(fam, feat)].get("compile_rows", {})
-        c = (rep["compiles"][rows[kernel]] if kernel in rows
-             else compiled[(fam, feat, True, head_dim, "bf16", kernel)])  # fmt: skip
-        return calibrate._kernel_features(c, fam, True, calibrate.GOAL_SEQ)["mem"]
+        return calibrate.kernel_features(rep, fam, feat, kernel)["mem"]
 
     plain = sum(mem("flash", "plain", k) for k in calibrate.KERNELS["flash"])
     out = {}
