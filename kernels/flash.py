@@ -1258,9 +1258,9 @@ _SMEM_CLASS_CONFIGS: dict[tuple[str, str, str, str], tuple[int, int, int, int]] 
 # A hook whose gradient is per tile gets square tiles of at most this side, by class.
 _SQUARE_LIMIT = {"64k": 32}
 # Warps of those square dK/dV tiles, keyed (arch, family), where they differ from the kernel's
-# own. On an H100 at head_dim 64 a 64-row tile runs on one warpgroup: on two, both would
-# compute every product and exponential (the report counted twice the tensor-core and MUFU
-# instructions per pair). At head_dim 128 one warpgroup spills (about 90 accesses per
+# own. On an H100 at head_dim 64 a 64-row tile runs on one warpgroup: on two, they repeat part
+# of each other's work (the report counted 1.5x plain flash's tensor-core flops and twice its
+# exponentials per pair). At head_dim 128 one warpgroup spills (about 90 accesses per
 # iteration), and 32-wide tiles leave the tensor cores' warpgroup products for smaller ones
 # that load more per pair, so both warpgroups stay.
 _SQUARE_WARPS = {(90, "16bit"): 4}
