@@ -1,33 +1,47 @@
 """Chapters 05, 06 and 08's cost of a fused kernel beside plain flash attention, read from the
 committed static model and H200 times (course_lib.teaching.fused_cost)."""
 
+import json
+
 import pytest
 
 from course_lib.gpu_static import calibrate, goals
 from course_lib.teaching import fused_cost
 
+MODELLED = sorted(set(calibrate.METHODS) - {"softmax"})
+
+
+def _report() -> dict:
+    return json.loads(fused_cost.GPU_REPORT.read_text())
+
 
 def test_each_method_reads_the_report_row_it_runs():
-    current = {(e["family"], e["features"]) for e in fused_cost.json.loads(
-        fused_cost.GPU_REPORT.read_text())["model"]}  # fmt: skip
-    for method, (family, features, alone) in fused_cost.RUNS.items():
+    current = {(e["family"], e["features"]) for e in _report()["model"]}
+    for method in MODELLED:
+        family, features, alone = fused_cost.runs(method)
         assert (family, features) in current, method
         if alone:
             assert (family, "tables") in current
-    # T5 runs the per-distance table with its far tiles, as the speed goal judges it
+    # T5 declares where its table stops changing: it runs the table's far tiles, which the speed
+    # goal judges; KERPLE declares nothing and runs the table without them
     t5_goal = next(g for g in goals.GOALS if g.name.startswith("T5"))
-    assert fused_cost.RUNS["t5"][:2] == t5_goal.rows[0]
+    assert fused_cost.runs("t5")[:2] == t5_goal.rows[0]
+    assert not fused_cost.runs("kerple")[1].endswith("+far")
+    with pytest.raises(ValueError, match="method must be one of"):
+        fused_cost.runs("cope")
 
 
 def test_a_hook_alone_costs_no_more_than_its_heaviest_combination():
     """The hook alone (the row minus what RoPE's tables add) is at least as fast, by the
     calibrated model, as the row with the tables, which the goals judge."""
-    rep = fused_cost.json.loads(fused_cost.GPU_REPORT.read_text())
+    rep = _report()
     calibrate.apply(rep, calibrate.committed_params())
     entries = {(e["family"], e["features"], e["head_dim"]): e for e in rep["model"]
                if e["causal"] and e["dtype"] == "bf16" and e.get("arch", 90) == 90}  # fmt: skip
-    for method in ("alibi", "t5", "fox"):
-        family, features, _ = fused_cost.RUNS[method]
+    alone = [m for m in MODELLED if fused_cost.runs(m)[2]]
+    assert alone
+    for method in alone:
+        family, features, _ = fused_cost.runs(method)
         cost = fused_cost.fused_cost(method)
         for d in (64, 128):
             assert cost["calibrated"][d] >= entries[(family, features, d)]["plain_x_cal"] - 1e-9
@@ -40,5 +54,3 @@ def test_the_print_says_what_is_modelled_and_what_was_measured(capsys):
     out = capsys.readouterr().out
     assert "calibrated (an estimate)" in out and "NVIDIA H200" in out
     assert "CoPE\n    static model: not modelled" in out
-    with pytest.raises(ValueError, match="method must be one of"):
-        fused_cost.fused_cost("nope")

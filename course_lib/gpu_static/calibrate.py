@@ -76,6 +76,7 @@ __all__ = [
     "UNMODELLED",
     "apply",
     "calibrate",
+    "compiled_kernels",
     "fit",
     "kernel_features",
     "leave_one_out",
@@ -132,7 +133,9 @@ def _load(path: str | Path) -> dict:
     return json.loads((p if p.is_absolute() else ROOT / p).read_text())
 
 
-def _compiled(rep: dict) -> dict:
+def compiled_kernels(rep: dict) -> dict:
+    """The report's sm_90 compile rows that compiled, keyed (family, features, causal,
+    head_dim, dtype, kernel)."""
     return {
         (c["family"], c["features"], c["causal"], c["head_dim"], c["dtype"], c["kernel"]): c
         for c in rep["compiles"]
@@ -166,15 +169,17 @@ def _compile_of(rep: dict, entry: dict, compiled: dict, key: tuple, kernel: str)
 
 
 def kernel_features(rep: dict, family: str, features: str, kernel: str, causal: bool = True,
-                    head_dim: int = 64, dtype: str = "bf16", seq: int = GOAL_SEQ) -> dict:  # fmt: skip
+                    head_dim: int = 64, dtype: str = "bf16", seq: int = GOAL_SEQ,
+                    compiled: dict | None = None) -> dict:  # fmt: skip
     """One kernel of a report row (sm_90): ``overlap`` and ``no_overlap`` cycles per pair and
-    ``mem``, memory warp-instructions per pair, at ``seq`` tokens."""
+    ``mem``, memory warp-instructions per pair, at ``seq`` tokens (``compiled``: the report's
+    :func:`compiled_kernels`, made if not given)."""
     key = (family, features, causal, head_dim, dtype)
     entry = next((e for e in rep["model"] if e.get("arch", ARCH) == ARCH
                   and (e["family"], e["features"], e["causal"], e["head_dim"], e["dtype"]) == key),
                  {})  # fmt: skip
     return _kernel_features(
-        _compile_of(rep, entry, _compiled(rep), key, kernel), family, causal, seq
+        _compile_of(rep, entry, compiled or compiled_kernels(rep), key, kernel), family, causal, seq
     )
 
 
@@ -194,7 +199,7 @@ def row_features(rep: dict, family: str, features: str, causal: bool, head_dim: 
     memory warp-instructions per pair, per-token pass cycles per pair), at ``seq`` tokens, for
     ``pass_`` ``"fwd"`` or ``"fwd+bwd"``. ``hook_alone``: minus what the tables add to plain
     flash, kernel by kernel (the tables row minus the plain row)."""
-    compiled = _compiled(rep) if compiled is None else compiled
+    compiled = compiled_kernels(rep) if compiled is None else compiled
     elem = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
     kernels = KERNELS[family][:1] if pass_ == "fwd" else KERNELS[family]
     entries = {(e["family"], e["features"], e["causal"], e["head_dim"], e["dtype"]): e
@@ -265,7 +270,7 @@ def measured_rows(rep: dict, meas: dict) -> list[dict]:
                 r["heads"])  # fmt: skip
 
     plain_ms = {shape(r): r["ms"] for r in speed if r["method"] == "softmax"}
-    compiled = _compiled(rep)
+    compiled = compiled_kernels(rep)
     out = []
     for r in speed:
         if r["method"] not in METHODS or r["method"] == "softmax":
@@ -425,7 +430,7 @@ def apply(rep: dict, params: dict, seq: int = GOAL_SEQ) -> None:
     row of a report without an error: the calibrated ratio to plain flash (same mask, head_dim
     and dtype) at ``seq`` tokens, from the row's own compiled kernels and per-token passes.
     ``params``: ``w`` and ``s``, e.g. the committed calibration's ``params``."""
-    compiled = _compiled(rep)
+    compiled = compiled_kernels(rep)
     for e in rep["model"]:
         if "error" in e or e.get("arch", ARCH) != ARCH:
             continue

@@ -73,7 +73,8 @@ def table_path_cost(head_dim: int = 64) -> dict:
         if (e["family"], e["causal"], e["dtype"], e["head_dim"]) != ("flash", True, "bf16",
                                                                    head_dim):  # fmt: skip
             continue
-        if "diagonal_table" in e["features"] and "error" not in e:
+        # the table without far tiles: a torch-only bias that declares no distance_reach
+        if e["features"] == "tables+gain+diagonal_table(grad)" and "error" not in e:
             return {"no_overlap": e["plain_x_no"], "calibrated": e.get("plain_x_cal"),
                     "features": e["features"]}  # fmt: skip
     raise LookupError(f"the committed report has no per-distance table row at head_dim {head_dim}")

@@ -20,23 +20,30 @@ from pathlib import Path
 
 from course_lib.gpu_static import calibrate
 
-__all__ = ["RUNS", "fused_cost", "print_fused_costs"]
+__all__ = ["fused_cost", "print_fused_costs", "runs"]
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
 GPU_CHECK = FIGURES / "gpu_check" / "nvidia_h200.json"
 GPU_REPORT = FIGURES / "gpu_report.json"
 
-#: method -> (kernel family, the report row of the launch it runs causally with positions that
-#: step by a constant, whether to take the hook alone: that row minus what RoPE's tables add).
-#: The rows with a hook are compiled in their heaviest combination (RoPE's tables, a gain).
-RUNS: dict[str, tuple[str, str, bool]] = {
-    "alibi": ("flash", "tables+gain+linear_distance(grad)", True),
-    "t5": ("flash", "tables+gain+diagonal_table(grad)+far", True),
-    "kerple": ("flash", "tables+gain+diagonal_table(grad)", True),
-    "fox": ("flash", "tables+gain+cumulative_log_gates(grad)", True),
-    "stick_breaking": ("stick", "plain", False),
-    "rse": ("stick", "tables+gain+linear_distance(grad)", False),
-}
+
+def runs(method: str) -> tuple[str, str, bool]:
+    """``(kernel family, report row, hook alone)`` of the launch ``method`` runs today, causal,
+    with positions that step by a constant: the calibration's row for it
+    (:data:`course_lib.gpu_static.calibrate.METHODS`, the rows with a hook compiled in their
+    heaviest combination; hook alone: minus what RoPE's tables add), with the far tiles where
+    the encoding declares a ``distance_reach`` (T5), which the measured kernels did not have."""
+    from course_lib.registry import REGISTRY
+
+    if method not in calibrate.METHODS or method == "softmax":
+        modelled = sorted(set(calibrate.METHODS) - {"softmax"})
+        raise ValueError(f"method must be one of {modelled}, got {method!r}")
+    family, features, alone = calibrate.METHODS[method]
+    if "diagonal_table" in features and REGISTRY[method].distance_reach is not None:
+        features += "+far"
+    return family, features, alone
+
+
 #: what the kernels of each family cost, by name (the extra work per kernel is printed)
 _KERNEL_NAMES = {
     "flash": {"forward": "forward", "dkdv": "dK/dV", "dq": "dQ"},
@@ -47,7 +54,7 @@ _LABELS = {"alibi": "ALiBi", "t5": "T5", "kerple": "KERPLE", "fox": "FoX",
 
 
 def _model_row(rep: dict, method: str, head_dim: int) -> dict:
-    family, features, alone = RUNS[method]
+    family, features, alone = runs(method)
     common = dict(causal=True, head_dim=head_dim, dtype="bf16", seq=calibrate.GOAL_SEQ,
                   pass_="fwd+bwd")  # fmt: skip
     return dict(
@@ -59,12 +66,13 @@ def _model_row(rep: dict, method: str, head_dim: int) -> dict:
 
 def _memory_by_kernel(rep: dict, run: tuple[str, str, bool], head_dim: int) -> dict[str, float]:
     """Each kernel's memory instructions per pair over plain flash's three kernels' together
-    (the term the calibrated model weighs) for one of :data:`RUNS`' launches (hook alone where
-    it says so)."""
+    (the term the calibrated model weighs) for one launch of :func:`runs` (hook alone where it
+    says so)."""
     family, features, alone = run
+    compiled = calibrate.compiled_kernels(rep)
 
     def mem(fam: str, feat: str, kernel: str) -> float:
-        return calibrate.kernel_features(rep, fam, feat, kernel)["mem"]
+        return calibrate.kernel_features(rep, fam, feat, kernel, compiled=compiled)["mem"]
 
     plain = sum(mem("flash", "plain", k) for k in calibrate.KERNELS["flash"])
     out = {}
@@ -89,17 +97,16 @@ def _measured(method: str, seq: int = 4096, head_dim: int = 64) -> float | None:
     return times["softmax"] / times[method]
 
 
-def fused_cost(method: str) -> dict:
+def fused_cost(method: str, rep: dict | None = None) -> dict:
     """``{"calibrated": {64: ratio, 128: ratio}, "memory": {kernel: share} (head_dim 64),
-    "measured": ratio or None}`` for one method of :data:`RUNS` (ratios: plain flash's time
-    over the method's; ``memory``: each kernel's memory instructions per pair over plain
-    flash's, all three kernels together)."""
-    if method not in RUNS:
-        raise ValueError(f"method must be one of {sorted(RUNS)}, got {method!r}")
-    rep = json.loads(GPU_REPORT.read_text())
+    "measured": ratio or None}`` for one modelled method (:func:`runs`; ratios: plain flash's
+    time over the method's; ``memory``: each kernel's memory instructions per pair over plain
+    flash's, all three kernels together). ``rep``: the committed report, read if not given."""
+    run = runs(method)
+    rep = json.loads(GPU_REPORT.read_text()) if rep is None else rep
     params = calibrate.committed_params()
     calibrated = {d: calibrate.predict(params, _model_row(rep, method, d)) for d in (64, 128)}
-    return dict(calibrated=calibrated, memory=_memory_by_kernel(rep, RUNS[method], 64),
+    return dict(calibrated=calibrated, memory=_memory_by_kernel(rep, run, 64),
                 measured=_measured(method))  # fmt: skip
 
 
@@ -120,19 +127,20 @@ def print_fused_costs(methods: tuple[str, ...]) -> None:
     print("time of the fused kernel, in plain flash attention's (1.00x: the same), forward + "
           "backward, causal, bf16, 4096 tokens:")  # fmt: skip
     for m in methods:
-        measured = _measured(m)
+        modelled = m in calibrate.METHODS
+        cost = fused_cost(m, rep) if modelled else dict(measured=_measured(m))
         print(f"  {_LABELS.get(m, m)}")
-        if m in RUNS:
-            cal = fused_cost(m)["calibrated"]
+        if modelled:
+            cal = cost["calibrated"]
             print(f"    static model, calibrated (an estimate): {_times(cal[64])} at head_dim 64, "
                   f"{_times(cal[128])} at 128")  # fmt: skip
         else:
             print(f"    static model: not modelled ({calibrate.UNMODELLED.get(m, '')})")
-        if measured is not None:
-            print(f"    measured on the {gpu}, head_dim 64: {_times(measured)}")
-        if m in RUNS:
+        if cost["measured"] is not None:
+            print(f"    measured on the {gpu}, head_dim 64: {_times(cost['measured'])}")
+        if modelled:
             shares = ", ".join(
                 f"{k} {v:.2f}" + (f" (plain {plain[k]:.2f})" if k in plain else "")
-                for k, v in fused_cost(m)["memory"].items()
+                for k, v in cost["memory"].items()
             )
             print(f"    memory instructions per pair (plain flash's total = 1): {shares}")
