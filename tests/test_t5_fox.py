@@ -377,6 +377,33 @@ def test_fox_gate_gradients_through_the_triton_backend():
 
 
 @needs_kernels
+@pytest.mark.parametrize("gate_dtype", [torch.bfloat16, torch.float16])
+def test_fox_16_bit_gates_are_summed_and_read_at_full_precision(gate_dtype):
+    """Gates in 16 bits (as a bf16 autocast gives them) go to the kernels as a float32 sum:
+    the output and gradients equal the reference's for the same gate values. Handed over in
+    the gates' dtype, ``c`` (-46 at the end here) was rounded to 1/4 in bf16 and the output was
+    off by 0.12."""
+    device = kernel_device()
+    g = gen(12)
+    q, k, v, up = (torch.randn(1, 2, 256, 16, generator=g) for _ in range(4))
+    log_forget = F.logsigmoid(torch.randn(1, 2, 256, generator=g) + 2.0).to(gate_dtype)
+    results = []
+    for backend in ("reference", "triton"):
+        leaves = [t.to(device).requires_grad_() for t in (q, k, v, log_forget)]
+        out = attention(
+            *leaves[:3], method="fox", causal=True, log_forget=leaves[3], backend=backend
+        )  # fmt: skip
+        results.append((out, torch.autograd.grad(out, leaves, up.to(device))))
+    (ref, ref_grads), (tri, tri_grads) = results
+    torch.testing.assert_close(tri, ref, atol=1e-5, rtol=1e-4)
+    for g_tri, g_ref in zip(tri_grads[:3], ref_grads[:3], strict=True):
+        torch.testing.assert_close(g_tri, g_ref, atol=1e-5, rtol=1e-4)
+    assert tri_grads[3].dtype == gate_dtype
+    # the gates' gradient, rounded to their 16 bits, within one rounding of the reference's
+    torch.testing.assert_close(tri_grads[3].float(), ref_grads[3].float(), atol=1e-3, rtol=1e-2)
+
+
+@needs_kernels
 def test_fox_gate_gradient_in_fp16_keeps_the_query_side():
     """In 16 bits the rows of the kernels' ``dS`` do not sum to 0 (``delta`` comes from the
     forward's rounded ``P V``), and FoX's gradient goes through a cumulative sum over the

@@ -156,13 +156,15 @@ _CLOSED = -128.0  # log f below this hides the keys before it (e^-128 < float32'
 def fox_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:
     """:data:`CUMULATIVE_LOG_GATES`: ``b_ij = c_i - c_j`` with ``c`` ``[batch, heads, seq]`` the
     cumulative sum (in torch, so autograd carries ``dc`` back to ``log f``), summed in float64
-    over the gates floored at :data:`KERNEL_GATE_FLOOR` and handed over in the gates' dtype.
+    over the gates floored at :data:`KERNEL_GATE_FLOOR` and handed over as float32, what the
+    kernels read, whatever the gates' dtype (bfloat16 would round ``c`` to 1/4 from 32 on, and
+    ``c_i - c_j`` with it).
     Refused where float32 cannot hold ``c`` finely enough for the keys that count."""
     log_forget = params["log_forget"]
     floored = log_forget.clamp(min=KERNEL_GATE_FLOOR)
     c = cumulative_log_forget(floored)
     _check_kernel_sum(floored.detach(), c.detach())
-    return ScoreBias(CUMULATIVE_LOG_GATES, per_token=c.to(log_forget.dtype))
+    return ScoreBias(CUMULATIVE_LOG_GATES, per_token=c.to(torch.float32))
 
 
 def _check_kernel_sum(log_forget: torch.Tensor, c: torch.Tensor) -> None:
