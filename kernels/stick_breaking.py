@@ -1539,6 +1539,17 @@ def _backward_stages(
     return _fit_stages(limit, rows_stage, rows_stage, rows_fixed), cols
 
 
+# The column kernel at head_dim 64 on 4 warps (64 x 64 tiles) holds dk, dv, k, v and the tile's
+# float32 intermediates in 255 registers: without a hook it spills 7 accesses per iteration of
+# its loop, with ExpoSB's distance factor 29, with RSE's penalty and its gradient 105 (the
+# static report, sm_90, causal, bf16). On 8 warps, two warpgroups of 64 queries each over the
+# same 64 keys, every thread holds half of dk and dv: 0, 0 and 23, with the same tensor-core
+# work per warp. Without a hook the row kernel loads more per pair that way (29 memory
+# instructions per warp and iteration for 8192 pairs against 25 for 4096) and the column
+# kernel spills little, so plain launches keep 64 x 64.
+_HOPPER_BIASED_BACKWARD = (128, 64, 8)
+
+
 def pick_config(
     head_dim: int,
     device: torch.device,
@@ -1547,6 +1558,7 @@ def pick_config(
     dtype: torch.dtype = torch.bfloat16,
     causal: bool = True,
     square: bool = False,
+    biased: bool = False,
 ) -> StickConfig:
     """Tiles for ``head_dim`` on ``device``; ``block`` (a power of two >= 16) forces all of them.
 
@@ -1558,7 +1570,9 @@ def pick_config(
     halved until one stage of its kernels fits in the GPU's shared memory per block (for
     ``dtype``, ``causal`` or not), with as many pipelining stages (up to 3) as fit. A ``block``
     that cannot fit is refused with a ValueError. ``square``: the backward's query and key
-    blocks equal (for a hook whose gradient is per tile).
+    blocks equal (for a hook whose gradient is per tile). ``biased``: a score-bias hook is
+    launched; on Hopper at head_dim 64 the backward then takes 128 queries with 8 warps as at
+    128 (:data:`_HOPPER_BIASED_BACKWARD`).
     """
     if block is not None:
         if not isinstance(block, int) or block < 16 or block & (block - 1):
@@ -1575,6 +1589,8 @@ def pick_config(
     elif hopper:
         wide = [(128, 64, 8), (64, 64, 8)] if head_dim >= 128 else []
         fwd_shapes = bwd_shapes = wide + small
+        if biased and 64 <= head_dim < 128 and not square:
+            bwd_shapes = [_HOPPER_BIASED_BACKWARD] + small
     elif head_dim >= 128:
         fwd_shapes = bwd_shapes = [(64, 64, 8)] + small
     else:
@@ -1762,7 +1778,10 @@ def stick_breaking_backward(
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     per_tile = bias_grad and a.hook.grad_per_tile  # one gradient slot per tile: square tiles
     grad_out = grad_out.to(q.dtype)
-    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, causal=causal, square=per_tile)
+    cfg = pick_config(
+        head_dim, q.device, block, dtype=q.dtype, causal=causal, square=per_tile,
+        biased=a.hook is not None,
+    )  # fmt: skip
     bm, bn = cfg.block_bwd, cfg.block_bwd_n
     num_m, num_kb = triton.cdiv(seq, bm), triton.cdiv(seq, bn)
     slots_left = _num_slots(num_m, num_kb, bm // bn, True)

@@ -151,6 +151,30 @@ def test_every_h100_warpgroup_at_head_dim_64_gets_rows_of_its_own():
                 assert rows // (cfg.num_warps // 4) >= 64, (kernel, bias, square, cfg)
 
 
+def test_hopper_stick_backward_with_a_bias_at_head_dim_64_takes_two_warpgroups():
+    """On sm_90 at head_dim 64 a launch with a score bias runs its backward on 128 x 64 tiles
+    and 8 warps (its column kernel spills far less), one warpgroup per 64 queries; the forward,
+    a launch without a bias and a per-tile gradient's square tiles keep 64 x 64 on 4 warps."""
+    from course_lib.gpu_static import variants
+
+    common = variants._module("common")
+    stick = variants._module("stick_breaking")
+    cuda = torch.device("cuda")
+    with common.planned_launches(90):
+        plain = stick.pick_config(64, cuda, dtype=torch.bfloat16)
+        biased = stick.pick_config(64, cuda, dtype=torch.bfloat16, biased=True)
+        square = stick.pick_config(64, cuda, dtype=torch.bfloat16, biased=True, square=True)
+        wide = stick.pick_config(128, cuda, dtype=torch.bfloat16, biased=True)
+    with common.planned_launches(80):
+        ampere = stick.pick_config(64, cuda, dtype=torch.bfloat16, biased=True)
+    assert (biased.block_bwd, biased.block_bwd_n, biased.bwd_warps) == (128, 64, 8)
+    assert (biased.block_m, biased.block_n, biased.num_warps) == (64, 64, 4)
+    for cfg in (plain, square):
+        assert (cfg.block_bwd, cfg.block_bwd_n, cfg.bwd_warps) == (64, 64, 4)
+    assert (wide.block_bwd, wide.bwd_warps) == (128, 8)
+    assert ampere.block_bwd == 64
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -569,13 +569,15 @@ def _forced_config(monkeypatch, **fields):
     monkeypatch.setattr(kernels, "pick_config", patched)
 
 
+@pytest.mark.parametrize("forward_rows", [32, 16])
 @pytest.mark.parametrize("causal", [True, False])
-def test_query_blocks_taller_than_key_blocks(monkeypatch, causal):
-    """Query blocks of two key blocks (as on Hopper at head_dim 128): the peeled blocks beside
-    the diagonal, the checkpoints between them and a ragged end (seq 70, key blocks of 16)."""
+def test_query_blocks_taller_than_key_blocks(monkeypatch, causal, forward_rows):
+    """Backward query blocks of two key blocks (as on Hopper at head_dim 128, and at 64 with a
+    score bias, where the forward's stay square): the peeled blocks beside the diagonal, the
+    checkpoints between them and a ragged end (seq 70, key blocks of 16)."""
     _forced_config(
-        monkeypatch, block_m=32, block_n=16, block_bwd=32, block_bwd_n=16, num_warps=4,
-        bwd_warps=4,
+        monkeypatch, block_m=forward_rows, block_n=16, block_bwd=32, block_bwd_n=16,
+        num_warps=4, bwd_warps=4,
     )  # fmt: skip
     batch, heads, seq, dim = 2, 2, 70, 16
     q, k, v, lam, grad_out = make_inputs(batch, heads, seq, dim, seed=14, rse=True)
