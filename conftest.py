@@ -13,6 +13,13 @@ have finished. ``-n 0`` runs in one process (for ``--pdb``).
 import os
 import tempfile
 
+# The workers, their notebook kernels and JupyterLab's run side by side, each with PyTorch's
+# OpenMP threads (one per core). By default an idle OpenMP thread spins for a while before it
+# sleeps, taking a core another process needs: with two workers on 2 cores, notebook 08's CoPE
+# training took 167 s instead of 8, and notebooks 05, 08 and 10 under nbval 190 s instead of
+# 95. A sleeping idle thread changes no result (the threads and their shares of the work stay
+# the same). Set before anything imports torch; the kernels and JupyterLab inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("COURSE_OUTPUT_DIR", tempfile.mkdtemp(prefix="course-test-output-"))
 os.environ["COURSE_SOLUTIONS"] = "1"
 os.environ.setdefault("TQDM_DISABLE", "1")
