@@ -96,22 +96,31 @@ def report_check(name: str, failures: list[str]) -> bool:
 
 
 def _on_grid(value: float, step: float, rounding: str) -> str:
+    """The multiple of ``step`` strictly below (``ROUND_FLOOR``) or above (``ROUND_CEILING``)
+    ``value``: a value exactly on the grid moves one step out."""
     grid = Decimal(str(step))
-    multiple = (Decimal(repr(float(value))) / grid).to_integral_value(rounding=rounding)
+    ratio = Decimal(repr(float(value))) / grid
+    multiple = ratio.to_integral_value(rounding=rounding)
+    if multiple == ratio:
+        multiple += -1 if rounding == ROUND_FLOOR else 1
     bound = (multiple * grid).quantize(Decimal(1).scaleb(grid.as_tuple().exponent))
     return str(bound.copy_abs() if bound.is_zero() else bound)
 
 
 def at_least(value: float, step: float) -> str:
-    """``value`` rounded down to a multiple of ``step``, written with ``step``'s decimals.
+    """A multiple of ``step`` below ``value``, written with ``step``'s decimals.
 
     A trained number's last digits move with the CPU's rounding (CONTRIBUTING: every printed
     verdict must hold on every CPU); a bound on a grid coarser than that spread does not:
-    ``at_least(0.9794, 0.05)`` is ``"0.95"``, as is ``at_least(0.9897, 0.05)``.
+    ``at_least(0.9794, 0.05)`` is ``"0.95"``, as is ``at_least(0.9897, 0.05)``. The bound is
+    strictly below: a value exactly on the grid (an accuracy of 1 on one CPU, 0.999 on another)
+    would otherwise print a bound of its own.
     """
     return _on_grid(value, step, ROUND_FLOOR)
 
 
 def at_most(value: float, step: float) -> str:
-    """``value`` rounded up to a multiple of ``step``: ``at_most(0.0846, 0.05)`` is ``"0.10"``."""
+    """A multiple of ``step`` above ``value``: ``at_most(0.0846, 0.05)`` is ``"0.10"``, and
+    ``at_most(0, 0.005)`` is ``"0.005"`` as is ``at_most(0.0003, 0.005)`` (a difference that is 0
+    with one CPU's rounding and a hair above it with another's)."""
     return _on_grid(value, step, ROUND_CEILING)
