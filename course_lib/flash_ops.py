@@ -240,9 +240,9 @@ class _FusedAttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, bias_tensor, call: KernelCall, causal: bool, family: KernelFamily):
         kernels = load_kernel_module(family.module)
         options = call.launch_options(causal, bias_tensor)
+        options["positions_affine"] = call.positions_affine  # computed in the loops, not read
         if family.module == "flash":  # how the flash loops may read the positions
             options["positions_ordered"] = call.positions_ordered
-            options["positions_affine"] = call.positions_affine
             options["bias_far_reach"] = call.far_reach
         launch = getattr(kernels, family.forward)
         if call.qk_tables is not None:

@@ -295,6 +295,7 @@ def _load_keys(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     BIAS_FN: tl.constexpr,
+    POS_AFFINE: tl.constexpr = False,
 ):
     """Key block ``kb``: indices, real-key flags, the per-key logit bias (0 for a real key,
     ``NEG`` for a padded or masked one), positions (read only for a score bias), ``k'`` and ``v``
@@ -305,10 +306,7 @@ def _load_keys(
     if HAS_MASK:
         key_ok = key_ok & (tl.load(mask_base + cols, mask=col_in, other=0) != 0)
     kbias = tl.where(key_ok, 0.0, NEG)
-    if BIAS_FN is not None:
-        pos_j = tl.load(pos_base + cols, mask=col_in, other=0.0)
-    else:
-        pos_j = tl.zeros([BLOCK_N], dtype=tl.float32)
+    pos_j = _row_positions(pos_base, cols, col_in, BLOCK_N, BIAS_FN, POS_AFFINE=POS_AFFINE)
     # keys past the end read the last one's k and v (their A is 0): no masks on these loads
     inside = tl.minimum(cols, seq_len - 1)
     k = _load_rotated(
@@ -331,13 +329,29 @@ def _channel_gain(gain_ptr, HEAD_DIM: tl.constexpr, HAS_GAIN: tl.constexpr):
 
 
 @triton.jit
-def _row_positions(pos_base, rows, row_ok, ROWS: tl.constexpr, BIAS_FN: tl.constexpr):
-    """The positions of ``rows`` (float32), read only when a score bias needs them."""
-    if BIAS_FN is not None:
-        pos = tl.load(pos_base + rows, mask=row_ok, other=0.0)
-    else:
+def _row_positions(
+    pos_base, rows, row_ok, ROWS: tl.constexpr, BIAS_FN: tl.constexpr,
+    POS_AFFINE: tl.constexpr = False,
+):  # fmt: skip
+    """The positions of ``rows`` (float32), only when a score bias needs them: read, or with
+    ``POS_AFFINE`` computed from the sequence's first two (:func:`_affine_positions`)."""
+    if BIAS_FN is None:
         pos = tl.zeros([ROWS], dtype=tl.float32)
+    elif POS_AFFINE:
+        pos = _affine_positions(pos_base, rows)
+    else:
+        pos = tl.load(pos_base + rows, mask=row_ok, other=0.0)
     return pos
+
+
+@triton.jit
+def _affine_positions(pos_base, index):
+    """``p_0 + step * index`` for a sequence whose positions step by a constant (``step = p_1 -
+    p_0``; exact integers in float32): two scalar loads where a tile would read a vector. The
+    wrappers guarantee at least two tokens per sequence when ``POS_AFFINE``; indices past the end
+    get positions past the last (their pairs are masked)."""
+    p0 = tl.load(pos_base)
+    return p0 + (tl.load(pos_base + 1) - p0) * index.to(tl.float32)
 
 
 @triton.jit
@@ -607,6 +621,7 @@ def _forward_tile(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    POS_AFFINE: tl.constexpr = False,
 ):
     """Key block ``kb`` of one stick: add its ``A v`` to ``acc`` and its ``sp`` to the row's
     carry ``(s_hi, s_lo)``."""
@@ -614,6 +629,7 @@ def _forward_tile(
         kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
         stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
         HAS_TABLES, HAS_GAIN, BIAS_FN,
+        POS_AFFINE=POS_AFFINE,
     )  # fmt: skip
     sp, log_beta = _tile_logs(
         q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, seq_len, LEFT,
@@ -666,6 +682,7 @@ def _forward_one_stick(
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MMA_SCAN: tl.constexpr,
+    POS_AFFINE: tl.constexpr = False,
 ):
     """Add one stick's ``sum_j A_ij v_j`` to ``acc``; store the stick's total ``S`` (a float32
     pair) at ``stats_base`` and return it (``hi + lo``)."""
@@ -689,6 +706,7 @@ def _forward_one_stick(
                 pos_base, mask_base, cos_base, sin_base, stride_ks, stride_kd, stride_vs,
                 stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias_params, HEAD_DIM, BLOCK_N,
                 LEFT, CAUSAL, True, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+                POS_AFFINE=POS_AFFINE,
             )  # fmt: skip
     # Then every other key block of the stick, nearest first, unmasked.
     if LEFT:
@@ -705,6 +723,7 @@ def _forward_one_stick(
             mask_base, cos_base, sin_base, stride_ks, stride_kd, stride_vs, stride_vd,
             HALF_LAYOUT, gain, seq_len, scale2, bias_params, HEAD_DIM, BLOCK_N, LEFT, CAUSAL,
             False, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
+            POS_AFFINE=POS_AFFINE,
         )  # fmt: skip
     tl.store(stats_base + rows, s_hi, mask=row_ok)
     tl.store(stats_base + seq_len + rows, s_lo, mask=row_ok)
@@ -758,6 +777,7 @@ def _stick_fwd_kernel(
     HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MMA_SCAN: tl.constexpr,
+    POS_AFFINE: tl.constexpr = False,
 ):
     (
         pid_m, bh, q_base, k_base, v_base, out_base, pos_base, mask_base, cos_base, sin_base,
@@ -771,7 +791,7 @@ def _stick_fwd_kernel(
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
-    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN)
+    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN, POS_AFFINE=POS_AFFINE)
     q = _load_rotated(
         q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
         gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
@@ -785,6 +805,7 @@ def _stick_fwd_kernel(
         v_base, pos_base, mask_base, kcos_base, ksin_base, stride_ks, stride_kd, stride_vs,
         stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M, BLOCK_N, True,
         CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION, MMA_SCAN,
+        POS_AFFINE=POS_AFFINE,
     )  # fmt: skip
     s_right = s_left  # unused when causal
     if not CAUSAL:
@@ -794,6 +815,7 @@ def _stick_fwd_kernel(
             stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias, HEAD_DIM, BLOCK_M,
             BLOCK_N, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN, DOT_PRECISION,
             MMA_SCAN,
+            POS_AFFINE=POS_AFFINE,
         )  # fmt: skip
 
     v_own = tl.load(
@@ -888,6 +910,7 @@ def _rows_tile(
     HAS_TABLES: tl.constexpr,
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    POS_AFFINE: tl.constexpr = False,
 ):
     """Key block ``kb`` of one stick, visited farthest first: add ``s dz k'`` to ``dq``, store
     the checkpoints at its near edge. ``(n_hi, n_lo)``: ``S`` minus the blocks already visited
@@ -896,6 +919,7 @@ def _rows_tile(
         kb, k_base, v_base, mask_base, pos_base, cos_base, sin_base, stride_ks, stride_kd,
         stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, HEAD_DIM, BLOCK_N, HAS_MASK,
         HAS_TABLES, HAS_GAIN, BIAS_FN,
+        POS_AFFINE=POS_AFFINE,
     )  # fmt: skip
     sp, log_beta = _tile_logs(
         q, k, rows, cols, row_ok, key_ok, kbias, pos_i, pos_j, scale2, bias_params, seq_len, LEFT,
@@ -956,6 +980,7 @@ def _backward_rows_one_stick(
     HAS_GAIN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MMA_SCAN: tl.constexpr,
+    POS_AFFINE: tl.constexpr = False,
 ):
     """One stick of a query block, farthest key block first: its checkpoints and ``s dq'``."""
     num_kb = tl.cdiv(seq_len, BLOCK_N)
@@ -987,6 +1012,7 @@ def _backward_rows_one_stick(
             stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias_params, HEAD_DIM, BLOCK_M,
             BLOCK_N, LEFT, CAUSAL, False, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
             DOT_PRECISION,
+            POS_AFFINE=POS_AFFINE,
         )  # fmt: skip
     # The R key blocks beside the queries, masked, farthest first.
     for t in tl.static_range(R):
@@ -1002,6 +1028,7 @@ def _backward_rows_one_stick(
                 stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias_params, HEAD_DIM,
                 BLOCK_M, BLOCK_N, LEFT, CAUSAL, True, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
                 DOT_PRECISION,
+                POS_AFFINE=POS_AFFINE,
             )  # fmt: skip
     return dq
 
@@ -1062,6 +1089,7 @@ def _stick_bwd_rows_kernel(
     HALF_LAYOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MMA_SCAN: tl.constexpr,
+    POS_AFFINE: tl.constexpr = False,
 ):
     (
         pid_m, bh, q_base, k_base, v_base, do_base, pos_base, mask_base, cos_base, sin_base,
@@ -1075,7 +1103,7 @@ def _stick_bwd_rows_kernel(
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
-    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN)
+    pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN, POS_AFFINE=POS_AFFINE)
     q = _load_rotated(
         q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
         gain, HEAD_DIM, HAS_TABLES, HAS_GAIN,
@@ -1102,6 +1130,7 @@ def _stick_bwd_rows_kernel(
         stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2, bias,
         HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES, HAS_GAIN,
         DOT_PRECISION, MMA_SCAN,
+        POS_AFFINE=POS_AFFINE,
     )  # fmt: skip
     if not CAUSAL:
         dq = _backward_rows_one_stick(
@@ -1111,6 +1140,7 @@ def _stick_bwd_rows_kernel(
             stride_ks, stride_kd, stride_vs, stride_vd, HALF_LAYOUT, gain, seq_len, scale2,
             bias, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, HAS_MASK, BIAS_FN, HAS_TABLES,
             HAS_GAIN, DOT_PRECISION, MMA_SCAN,
+            POS_AFFINE=POS_AFFINE,
         )  # fmt: skip
     dq = dq * (scale / s)
     _store_unrotated(
@@ -1642,9 +1672,13 @@ def _switches(
     dtype: torch.dtype,
     device: torch.device,
     backward: bool,
+    positions_affine: bool = False,
+    seq: int = 0,
 ) -> dict:
-    """The constexpr arguments every stick-breaking kernel takes."""
+    """The constexpr arguments every stick-breaking kernel takes. ``POS_AFFINE``: a score bias
+    reads positions that step by a constant, from two tokens on (else they are read)."""
     return {
+        "POS_AFFINE": bool(positions_affine) and a.hook is not None and seq > 1,
         "HEAD_DIM": head_dim,
         "CAUSAL": bool(causal),
         "HAS_MASK": a.has_mask,
@@ -1688,6 +1722,7 @@ def stick_breaking_forward(
     bias_params: torch.Tensor | None = None,
     bias_options: dict | None = None,
     block: int | None = None,
+    positions_affine: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stick-breaking attention forward (see the module docstring for the function).
 
@@ -1696,7 +1731,9 @@ def stick_breaking_forward(
     object with ``cos``, ``sin``, ``gain``, ``layout`` (see :mod:`.common`) or None (``q' = q``);
     bias_hook: a :class:`.score_bias.BiasHook` or None, bias_params: the tensor
     it reads, bias_options: its compile-time options (none: the stick-breaking kernels take no
-    hook with options); block: force every tile to this size (a power of two >= 16).
+    hook with options); block: force every tile to this size (a power of two >= 16);
+    positions_affine: each sequence's positions are ``p_0 + step * index`` (the kernels then
+    compute them instead of reading them).
 
     Returns ``out`` ``[batch, heads, seq, head_dim]`` (input dtype, contiguous) and ``rowstats``
     ``[batch, heads, 2 * sides, seq]`` (float32), which the backward needs: per stick (left,
@@ -1724,7 +1761,8 @@ def stick_breaking_forward(
         heads, seq, float(scale),
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **_switches(a, head_dim, causal, q.dtype, q.device, False),
+        num_stages=cfg.num_stages,
+        **_switches(a, head_dim, causal, q.dtype, q.device, False, positions_affine, seq),
     )))  # fmt: skip
     return out, stats
 
@@ -1746,6 +1784,7 @@ def stick_breaking_backward(
     bias_options: dict | None = None,
     bias_grad: bool = False,
     block: int | None = None,
+    positions_affine: bool = False,
     encoded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of :func:`stick_breaking_forward`: ``(dq, dk, dv, dparams)``.
@@ -1806,7 +1845,11 @@ def stick_breaking_backward(
     partials = (torch.zeros if per_tile else torch.empty)(
         (batch * heads, slots, grad_width) if bias_grad else (1,), **f32
     )
-    switches = _switches(a, head_dim, causal, q.dtype, q.device, True)
+    switches = _switches(a, head_dim, causal, q.dtype, q.device, True, positions_affine, seq)
+    # The column kernel reads its positions: it reads the queries' once per tile anyway, and
+    # computing them kept more registers live there (RSE at head_dim 64 on sm_90: 37 spilled
+    # accesses per iteration instead of 23).
+    cols_switches = {name: value for name, value in switches.items() if name != "POS_AFFINE"}
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     tables = (positions, a.mask, a.cos, a.sin, a.key_cos, a.key_sin, a.gain, a.bias_params)
     sizes = (heads, seq, float(scale), ckpt_stride, slots_left * bm)
@@ -1824,7 +1867,7 @@ def stick_breaking_backward(
     ), dict(
         BLOCK_M=bm, BLOCK_N=bn, BIAS_GRAD_FN=a.hook.grad if bias_grad else None,
         GRAD_WIDTH=grad_width, GRAD_PER_TILE=per_tile, num_warps=cfg.bwd_warps,
-        num_stages=cfg.cols_stages, **switches,
+        num_stages=cfg.cols_stages, **cols_switches,
     )))  # fmt: skip
     if per_tile:  # the tiles summed s dz: divide by the scale of G, s per (batch, head)
         partials = partials / gscale.view(-1, 1, 1)

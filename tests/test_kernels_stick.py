@@ -256,6 +256,38 @@ def test_matches_direct_loop(causal, rse, layout, padded, gain):
     compare(loop_reference, q, k, v, lam, grad_out, **kwargs)
 
 
+def test_steady_positions_are_computed_and_others_read(monkeypatch):
+    """Positions that step by a constant in every sequence (a start and a step of each row's own)
+    reach the forward and the row kernel as ``p_0 + step * index`` (``POS_AFFINE``: two scalar
+    loads per tile where a vector of positions was read; the column kernel reads them); one
+    sequence with a gap makes every launch read them. Both match the direct loop, with padding,
+    in both directions."""
+    kernels = runtime.load_kernel_module("stick_breaking")
+    seen = []
+    run_launch = kernels.run_launch
+
+    def recording(launch):
+        seen.append((launch.name, launch.kwargs.get("POS_AFFINE", False)))
+        return run_launch(launch)
+
+    monkeypatch.setattr(kernels, "run_launch", recording)
+    q, k, v, lam, grad_out = make_inputs(2, 2, 21, 16, seed=21, rse=True)
+    steady = torch.stack((torch.arange(21) * 3 + 4, torch.arange(21) + 1)).to(DEVICE)
+    gap = steady.clone()
+    gap[1, 10:] += 7
+    for causal in (True, False):
+        for pos, affine in ((steady, True), (gap, False)):
+            seen.clear()
+            kwargs = {
+                "causal": causal,
+                "key_padding_mask": padding_mask(2, 21),
+                "position_ids": pos,
+            }
+            compare(loop_reference, q, k, v, lam, grad_out, **kwargs)
+            want = [("forward", affine), ("bwd_rows", affine), ("bwd_cols", False)]
+            assert seen == want, (causal, seen)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_exposb_distance_hook_matches_direct_loop(causal):
     """A bias hook without a parameter, under the stick-breaking normaliser."""

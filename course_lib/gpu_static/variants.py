@@ -369,8 +369,8 @@ def _plan(v: Variant) -> tuple[list, int]:
         options[keyword] = dict(hook.example_options or {})
     if f.far:
         options["bias_far_reach"] = FAR_REACH
-    if v.family == "flash":  # the benchmark's positions, arange(seq): ordered and affine
-        takes = inspect.signature(m.flash_attention_forward).parameters
+    if v.family in ("flash", "stick"):  # the benchmark's positions, arange(seq): ordered, affine
+        takes = inspect.signature(getattr(m, fwd_name)).parameters
         for name in ("positions_ordered", "positions_affine"):
             if name in takes:  # (an earlier kernels/ may not take them)
                 options[name] = True
