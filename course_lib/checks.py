@@ -170,8 +170,11 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def default_position_ids(seq: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """``arange(seq)`` as int64: the positions 0..seq-1."""
-    return torch.arange(seq, device=device, dtype=torch.long)
+    """``arange(seq)`` as int64: the positions 0..seq-1 (their facts known to the kernels:
+    :func:`course_lib.position_facts.arange_positions`)."""
+    from course_lib.position_facts import arange_positions
+
+    return arange_positions(0, seq, device)
 
 
 def check_position_ids(

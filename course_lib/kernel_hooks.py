@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course_lib.kernels.limits import MAX_POSITION_SPAN, PAIR_LAYOUTS
+from course_lib.position_facts import position_facts, remember_facts
 
 __all__ = [
     "PAIR_LAYOUTS",
@@ -146,40 +147,36 @@ def kernel_positions(positions: torch.Tensor) -> torch.Tensor:
     Every value is then an exact integer (spans below ``2^24``), and so is ``p_i - p_j`` in a
     hook: any integer positions work (``10**8 + arange(n)`` gives exactly the biases of
     ``arange(n)``, where float32 positions would have lost their low bits). A sequence spanning
-    ``2^24`` or more is refused.
+    ``2^24`` or more is refused. The result keeps the positions' facts
+    (:func:`course_lib.position_facts.position_facts`, read once per positions tensor).
     """
-    positions = positions.to(torch.int64)
-    relative = positions - positions.amin(dim=1, keepdim=True)
-    span = int(relative.max()) if relative.numel() else 0
-    if span > MAX_POSITION_SPAN:
+    facts = position_facts(positions)
+    if facts.span > MAX_POSITION_SPAN:
         raise ValueError(
-            f"the positions of one sequence span {span}; the kernels take positions relative to "
-            f"each sequence's smallest as exact float32 integers, spans up to {MAX_POSITION_SPAN}"
-            " (2^24 - 1). Use backend='reference' for such positions."
+            f"the positions of one sequence span {facts.span}; the kernels take positions "
+            "relative to each sequence's smallest as exact float32 integers, spans up to "
+            f"{MAX_POSITION_SPAN} (2^24 - 1). Use backend='reference' for such positions."
         )
-    return relative.to(torch.float32).contiguous()
+    positions = positions.to(torch.int64)
+    relative = (positions - positions.amin(dim=1, keepdim=True)).to(torch.float32).contiguous()
+    return remember_facts(relative, facts)
 
 
 def positions_ordered(positions: torch.Tensor) -> bool:
     """Whether the positions ``[1 or batch, seq]`` never decrease along a sequence (then every
     key at or before a query in the sequence has ``p_j <= p_i``)."""
-    if positions.shape[-1] < 2:
-        return True
-    return bool((positions[:, 1:] >= positions[:, :-1]).all())
+    return position_facts(positions).ordered
 
 
 def position_steps(positions: torch.Tensor) -> torch.Tensor | None:
     """The step ``s_b`` of each sequence if its positions are ``p_b + s_b * arange(seq)``
     (``[1 or batch, 1]`` int64; a row of one token has step 0), else None."""
-    positions = positions.to(torch.int64)
-    seq = positions.shape[-1]
-    if seq == 1:
-        return torch.zeros_like(positions[:, :1])
-    steps = positions[:, 1:2] - positions[:, :1]
-    index = torch.arange(seq, device=positions.device)
-    if not bool((positions - positions[:, :1] == steps * index).all()):
+    if not position_facts(positions).affine:
         return None
-    return steps
+    positions = positions.to(torch.int64)
+    if positions.shape[-1] == 1:
+        return torch.zeros_like(positions[:, :1])
+    return positions[:, 1:2] - positions[:, :1]
 
 
 def distance_score_bias(
@@ -209,13 +206,14 @@ def distance_score_bias(
     steps = position_steps(positions)
     if steps is None:
         return None
-    if bool((steps == steps[:1]).all()):
+    facts = position_facts(positions)
+    if facts.step_min == facts.step_max:
         steps = steps[:1]  # one table for the whole batch
     seq = positions.shape[-1]
     diagonals = torch.arange(-(seq - 1), seq, device=positions.device)  # i - j
     table = distance_bias(steps * diagonals, params).movedim(0, 1)  # [1|B, H|1, 2 seq - 1]
     table = table.expand(table.shape[0], heads, table.shape[-1])
     far_reach = None
-    if reach is not None and bool((steps > 0).all()):
-        far_reach = int((-(-reach // steps)).max())  # ceil(reach / s), the largest of the batch
+    if reach is not None and facts.step_min > 0:
+        far_reach = -(-int(reach) // facts.step_min)  # ceil(reach / s), the largest of the batch
     return ScoreBias(DIAGONAL_TABLE, per_diagonal=table, far_reach=far_reach)

@@ -30,6 +30,7 @@ from course_lib.checks import (
     check_position_ids,
     check_real,
 )
+from course_lib.position_facts import arange_positions
 from course_lib.registry import Encoding, get_encoding
 
 __all__ = ["KVCache", "PositionalSelfAttention"]
@@ -262,7 +263,7 @@ class PositionalSelfAttention(nn.Module):
                 f"[batch, seq, {spec.position_dims}]: {spec.position_dims} coordinates per token"
             )
         if position_ids is None:
-            position_ids = torch.arange(past, past + seq, device=hidden_states.device)
+            position_ids = arange_positions(past, seq, hidden_states.device)
         position_ids = check_position_ids(
             position_ids, batch, seq, hidden_states.device, spec.position_dims
         )

@@ -49,6 +49,7 @@ from course_lib.encodings.rope import (
     rotate_pairs,
 )
 from course_lib.kernel_hooks import QKTables
+from course_lib.position_facts import position_facts
 from course_lib.registry import Encoding, register
 
 __all__ = [
@@ -98,12 +99,16 @@ def xpos_reach(
     return int(_FLOAT32_LOG_RANGE * scale_base / steepest)
 
 
-def _check_reach(offsets: torch.Tensor, head_dim: int, gamma, scale_base, way_out) -> None:
+def _check_reach(
+    offsets: torch.Tensor, head_dim: int, gamma, scale_base, way_out, reach: int | None = None
+) -> None:
     """Refuse offsets ``p - c`` whose scales would overflow or underflow float32 (``way_out()``
-    says what to do)."""
+    says what to do); ``reach``: their largest size where the caller knows it (else read)."""
     if offsets.numel() == 0 or not has_values(offsets):
         return
-    reach, limit = int(offsets.abs().max()), xpos_reach(head_dim, gamma, scale_base)
+    if reach is None:
+        reach = int(offsets.abs().max())
+    limit = xpos_reach(head_dim, gamma, scale_base)
     if reach > limit:
         raise ValueError(
             f"xPos scales pair t by zeta_t^(+-(p - c)/s), c the centre positions are measured "
@@ -247,12 +252,17 @@ def check_xpos_params(params: dict, *, positions=None, **call) -> None:
             raise ValueError(f"xPos {name} must be a finite number > 0, got {value!r}")
     if positions is not None:
         params["centre"] = xpos_centre(positions)
+        reach = None
+        if positions.dim() == 2 and positions.numel() and has_values(positions):
+            span = position_facts(positions).span  # the centre lies span // 2 above the lowest
+            reach = span - span // 2
         _check_reach(
             positions.to(torch.int64) - params["centre"], call["head_dim"], params["gamma"],
             params["scale_base"],
             lambda: f"position_ids from {int(positions.min())} to {int(positions.max())} span "
             "too much for one sequence; use shorter sequences (or windows), or a larger "
             "scale_base",
+            reach,
         )  # fmt: skip
 
 

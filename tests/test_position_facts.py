@@ -1,0 +1,150 @@
+"""What the kernels learn of a positions tensor, and how often they wait for it.
+
+``course_lib.position_facts.position_facts`` reads a positions tensor's span, whether each row
+steps by a constant (and by how much), and whether it is ordered, in one transfer to the host,
+remembered per tensor object until its values change. Checked here: the facts against a direct
+row-by-row computation; one host read for a new tensor, none for the same one again or for a
+view of it, a new read after an in-place change; a slice does not inherit its base's facts;
+positions built by ``arange_positions`` (what every layer builds) are never read; and through
+``attention()`` on the Triton path (launches planned, not run): no host read of positions for
+default or layer-built positions, at most one per new positions tensor otherwise.
+"""
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from course_lib.position_facts import PositionFacts, arange_positions, position_facts
+
+_READS = {
+    torch.Tensor.__bool__,
+    torch.Tensor.item,
+    torch.Tensor.__float__,
+    torch.Tensor.__int__,
+    torch.Tensor.tolist,
+}
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the calls that bring a tensor's values to Python (each waits for a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _direct(rows: list[list[int]]) -> PositionFacts:
+    spans, steps, affine, ordered = [], [], True, True
+    for row in rows:
+        spans.append(max(row) - min(row))
+        step = row[1] - row[0] if len(row) > 1 else 0
+        affine &= all(p - row[0] == step * i for i, p in enumerate(row))
+        ordered &= all(b >= a for a, b in zip(row, row[1:], strict=False))
+        steps.append(step)
+    lo, hi = (min(steps), max(steps)) if affine else (0, 0)
+    return PositionFacts(max(spans), affine, ordered, lo, hi)
+
+
+CASES = {
+    "arange": [[0, 1, 2, 3, 4]],
+    "offset and step": [[10**9 + 3, 10**9 + 5, 10**9 + 7]],
+    "per-sequence steps": [[0, 2, 4, 6], [5, 6, 7, 8]],
+    "a gap": [[0, 1, 3, 4]],
+    "one gap in the batch": [[0, 1, 2, 3], [0, 1, 2, 4]],
+    "backwards": [[9, 6, 3, 0]],
+    "constant": [[4, 4, 4]],
+    "ordered with a repeat": [[0, 1, 1, 2]],
+    "one token": [[7], [3]],
+    "negative": [[-(2**40), -(2**40) + 3, -(2**40) + 6]],
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_facts_match_a_direct_count(name):
+    rows = CASES[name]
+    assert position_facts(torch.tensor(rows)) == _direct(rows)
+
+
+def test_a_new_tensor_is_read_once_and_remembered_until_it_changes():
+    p = torch.tensor([[0, 1, 2, 3]])
+    with HostReads() as reads:
+        first = position_facts(p)
+    assert reads.count == 1 and first.affine
+    with HostReads() as reads:
+        assert position_facts(p) is first
+        assert position_facts(p.unsqueeze(0)[0]) is first  # a view with the same rows
+    assert reads.count == 0
+    p[0, 3] = 5  # in place: the version counter moves
+    with HostReads() as reads:
+        changed = position_facts(p)
+    assert reads.count == 1
+    assert changed == _direct([[0, 1, 2, 5]]) and not changed.affine
+
+
+def test_a_slice_does_not_inherit_its_base_facts():
+    p = torch.tensor([[0, 1, 2, 10]])
+    assert not position_facts(p).affine
+    assert position_facts(p[:, :3]) == _direct([[0, 1, 2]])  # affine, span 2
+    q = torch.tensor([0, 1, 2, 3, 4, 5])
+    assert position_facts(q.view(1, 6)).span == 5
+    assert position_facts(q.view(2, 3)) == _direct([[0, 1, 2], [3, 4, 5]])  # rows of 3
+
+
+@pytest.mark.parametrize("start, seq", [(0, 1), (0, 7), (12, 5)])
+def test_arange_positions_carry_their_facts(start, seq):
+    with HostReads() as reads:
+        p = arange_positions(start, seq)
+        facts = position_facts(p[None])
+    assert reads.count == 0
+    assert p.dtype == torch.int64 and p.tolist() == list(range(start, start + seq))
+    assert facts == position_facts(p.clone()[None]) == _direct([p.tolist()])
+
+
+def _attention_reads(method: str, positions) -> int:
+    """Host reads of positions in one planned Triton call (launches recorded, not run), with
+    the parameters the GPU check gives ``method``."""
+    from course_lib.kernels.common import planned_launches
+
+    from course_lib import kernel_hooks
+    from course_lib import position_facts as module
+    from course_lib.attention import attention
+    from course_lib.gpu_check.cases import method_params, methods
+
+    calls = []
+    original = module.position_facts
+
+    def counted(p):
+        with HostReads() as reads:
+            out = original(p)
+        calls.append(reads.count)
+        return out
+
+    q = torch.randn(1, 2, 8, 16)
+    params = method_params(methods()[method], batch=1, heads=2, head_dim=16, seq=8, device="cpu")
+    try:
+        module.position_facts = kernel_hooks.position_facts = counted
+        with planned_launches(90), torch.no_grad():
+            attention(q, q, q, method=method, causal=True, position_ids=positions,
+                      backend="triton", **params)  # fmt: skip
+    finally:
+        module.position_facts = kernel_hooks.position_facts = original
+    return sum(calls)
+
+
+@pytest.mark.parametrize("method", ["alibi", "t5", "rse", "exposb"])
+def test_attention_reads_given_positions_once_and_built_ones_never(method):
+    pytest.importorskip("triton")
+    from course_lib.runtime import kernels_available
+
+    if not kernels_available():
+        pytest.skip("Triton is not installed")
+    assert _attention_reads(method, None) == 0
+    assert _attention_reads(method, arange_positions(0, 8)) == 0
+    given = torch.arange(8)
+    assert _attention_reads(method, given) == 1
+    assert _attention_reads(method, given) == 0  # the same tensor again
