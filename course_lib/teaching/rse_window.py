@@ -75,9 +75,9 @@ VERDICTS = (
         log=True,
     ),
     Verdict(
-        "the largest λ of one seed and of another differ by more than a factor 30",
+        "the largest λ of one seed and of another differ by more than a factor 10",
         _largest_lambda_ratio,
-        30.0,
+        10.0,
         True,
         log=True,
     ),
@@ -86,7 +86,9 @@ VERDICTS = (
 #: The same training on an Intel Xeon (Emerald Rapids, AVX-512), seeds 0-2 only: the largest
 #: lambda of each seed and seed 1's second smallest, as reported from that machine (rounded).
 #: A verdict over seeds 0-4 is bounded by them: the largest lambda over five seeds is at least
-#: the largest over three, and the ratio of the largest to the smallest at least theirs.
+#: the largest over three, and the ratio of the largest to the smallest at least theirs. The
+#: committed margins' AVX-512 rows (another Intel Xeon, all five seeds) give these values
+#: again on one thread.
 OTHER_CPU = {
     "cpu": "Intel Xeon (Emerald Rapids, AVX-512)",
     "values": {
