@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from course_lib.gpu_check import cases, cli, correctness, notebooks, report, speed, training
+from course_lib.gpu_check import device as speed_device
 from course_lib.gpu_check.device import Device
 from course_lib.registry import attention_methods
 from course_lib.runtime import KERNEL_MODE
@@ -33,6 +34,9 @@ class FakeDevice(Device):
         self.calls += 1
         ms = self.times.pop(0) if self.times else 1.0
         return ms, 2**20
+
+    def host(self, step, leaves):
+        return 0.25, 0
 
 
 def _args(*argv):
@@ -676,3 +680,34 @@ def test_flex_attention_with_the_distance_table_computes_the_methods_attention(m
                 got = fn(inputs.q, inputs.k, inputs.v)
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=f"{name} {causal}")
     assert timed >= 4  # ALiBi, T5 and ExpoSB's distance factor, at least
+
+
+# -- the host's share of a call -----------------------------------------------------------------
+
+
+def test_the_host_time_runs_the_step_and_counts_its_reads_back():
+    device = Device("CPU as a device", (9, 0), 2**30, torch.device("cpu"))
+    leaf = torch.ones(3, requires_grad=True)
+    ran = []
+
+    def step():
+        ran.append(leaf.grad)  # cleared before every step
+        loss = (leaf * 2).sum()
+        loss.backward()
+        if bool(loss.detach() > 0):  # one read back
+            float(loss.detach())  # and another
+
+    ms, reads = device.host(step, [leaf])
+    assert reads == 2 and ms > 0
+    assert len(ran) == 1 + speed_device.HOST_REPEATS and all(g is None for g in ran)
+
+
+def test_kernel_records_say_what_the_call_costs_the_host(monkeypatch):
+    # ALiBi's kernel record gets host fields, its alternative's records do not
+    monkeypatch.setattr(speed, "flex_baseline", lambda: None)
+    case = speed.SpeedCase("alibi", 16, 8, "fp32", 1, 2)
+    records = speed.measure_case(FakeDevice(), case)
+    kernel = [r for r in records if r["contender"] == "kernel"]
+    assert [r["pass_"] for r in kernel] == list(speed.PASSES)
+    assert all(r["host_ms"] == 0.25 and r["host_reads"] == 0 for r in kernel)
+    assert not any("host_ms" in r for r in records if r["contender"] != "kernel")

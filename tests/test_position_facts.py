@@ -12,30 +12,9 @@ default or layer-built positions, at most one per new positions tensor otherwise
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
+from course_lib.host_reads import HostReads
 from course_lib.position_facts import PositionFacts, arange_positions, position_facts
-
-_READS = {
-    torch.Tensor.__bool__,
-    torch.Tensor.item,
-    torch.Tensor.__float__,
-    torch.Tensor.__int__,
-    torch.Tensor.tolist,
-}
-
-
-class HostReads(TorchFunctionMode):
-    """Counts the calls that bring a tensor's values to Python (each waits for a GPU)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _READS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _direct(rows: list[list[int]]) -> PositionFacts:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CudaDevice", "Device", "NoGpuError", "detect"]
+__all__ = ["HOST_REPEATS", "CudaDevice", "Device", "NoGpuError", "detect"]
 
 
 class NoGpuError(RuntimeError):
@@ -59,6 +59,37 @@ class Device:
     def free(self) -> None:
         """Give cached memory back between sizes."""
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device (nothing to wait for on the host)."""
+
+    def host(self, step: Callable[[], None], leaves: list[torch.Tensor]) -> tuple[float, int]:
+        """``(median milliseconds the host spends inside one step, reads of tensor values
+        back to the host in one step)``: the step starts on an idle device each time, and its
+        kernels are not waited for (except by its own reads, :mod:`course_lib.host_reads`).
+        Where this is close to :meth:`measure`'s time, the step is bound by the host."""
+        from statistics import median
+        from time import perf_counter
+
+        from course_lib.host_reads import HostReads
+
+        for leaf in leaves:
+            leaf.grad = None
+        with HostReads() as reads:
+            step()
+        times = []
+        for _ in range(HOST_REPEATS):
+            for leaf in leaves:
+                leaf.grad = None
+            self.synchronize()
+            start = perf_counter()
+            step()
+            times.append(perf_counter() - start)
+        self.synchronize()
+        return median(times) * 1e3, reads.count
+
+
+HOST_REPEATS = 21  # steps timed on the host per record (the median is kept)
+
 
 class CudaDevice(Device):
     """The current CUDA device; times with ``triton.testing.do_bench`` (median)."""
@@ -82,6 +113,9 @@ class CudaDevice(Device):
 
     def free(self) -> None:
         torch.cuda.empty_cache()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
 
 
 def detect() -> CudaDevice:

@@ -22,7 +22,11 @@ unreliable (:func:`flex_sanity`). SDPA's records say which backend SDPA ran
 
 Times are medians (:meth:`.device.Device.measure`); peak memory is what one call allocates on
 top of its inputs. ``vs SDPA`` is SDPA's time over the method's (above 1: faster than plain
-SDPA); ``vs alternative`` is the alternative's over the kernel's.
+SDPA); ``vs alternative`` is the alternative's over the kernel's. The kernel's records also
+hold ``host_ms``, the host's time inside one call (its kernels not waited for), and
+``host_reads``, the values one call reads back to the host (each waits for the GPU): where
+``host_ms`` comes near ``ms``, the call is bound by the host, not by its kernels
+(:meth:`.device.Device.host`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "alternative",
     "flex_baseline",
     "flex_sanity",
+    "host_one",
     "run_speed",
     "sdpa_backend",
     "speed_cases",
@@ -410,22 +415,33 @@ def _kernel(case: SpeedCase, inputs) -> Attention:
     )
 
 
-def time_one(device, fn: Attention, inputs, pass_: str) -> tuple[float, int]:
-    """``(ms, peak bytes)`` of one pass of ``fn`` on ``inputs``."""
+def _step(fn: Attention, inputs, pass_: str) -> tuple[Callable[[], None], list[torch.Tensor]]:
+    """One pass of ``fn`` on ``inputs`` as a step, and the leaves whose gradients it fills."""
     if pass_ == "fwd":
 
-        def step():
+        def forward():
             with torch.no_grad():
                 fn(inputs.q, inputs.k, inputs.v)
 
-        return device.measure(step, [])
+        return forward, []
     leaves = [x.detach().requires_grad_() for x in (inputs.q, inputs.k, inputs.v)]
     leaves += [p for p in inputs.params.values() if torch.is_tensor(p) and p.requires_grad]
 
-    def step():
+    def forward_backward():
         fn(*leaves[:3]).backward(inputs.grad_out)
 
-    return device.measure(step, leaves)
+    return forward_backward, leaves
+
+
+def time_one(device, fn: Attention, inputs, pass_: str) -> tuple[float, int]:
+    """``(ms, peak bytes)`` of one pass of ``fn`` on ``inputs``."""
+    return device.measure(*_step(fn, inputs, pass_))
+
+
+def host_one(device, fn: Attention, inputs, pass_: str) -> tuple[float, int]:
+    """``(ms the host spends in one pass, reads back to the host in one pass)`` of ``fn``
+    (:meth:`.device.Device.host`)."""
+    return device.host(*_step(fn, inputs, pass_))
 
 
 def _record(case: SpeedCase, contender: str, pass_: str) -> dict:
@@ -478,6 +494,9 @@ def measure_case(device, case: SpeedCase) -> list[dict]:
                 try:
                     ms, peak = time_one(device, fn, inputs, pass_)
                     record.update(ms=ms, peak_mib=peak / 2**20)
+                    if name == "kernel":  # what the call costs the host, and its waits
+                        host_ms, reads = host_one(device, fn, inputs, pass_)
+                        record.update(host_ms=host_ms, host_reads=reads)
                 except torch.cuda.OutOfMemoryError:
                     record["status"] = "OOM"
                 except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
