@@ -29,13 +29,15 @@ class FakeDevice(Device):
         super().__init__("Fake GPU 9000", capability, 80 * 2**30, torch.device("cpu"))
         self.times = list(times or [])
         self.calls = 0
+        self.host_repeats = []
 
     def measure(self, step, leaves):
         self.calls += 1
         ms = self.times.pop(0) if self.times else 1.0
         return ms, 2**20
 
-    def host(self, step, leaves):
+    def host(self, step, leaves, repeats=0):
+        self.host_repeats.append(repeats)
         return 0.25, 0
 
 
@@ -706,8 +708,10 @@ def test_kernel_records_say_what_the_call_costs_the_host(monkeypatch):
     # ALiBi's kernel record gets host fields, its alternative's records do not
     monkeypatch.setattr(speed, "flex_baseline", lambda: None)
     case = speed.SpeedCase("alibi", 16, 8, "fp32", 1, 2)
-    records = speed.measure_case(FakeDevice(), case)
+    device = FakeDevice(times=[1.0, 1000.0])  # the kernel's forward, then its backward
+    records = speed.measure_case(device, case)
     kernel = [r for r in records if r["contender"] == "kernel"]
+    assert device.host_repeats == [speed_device.HOST_REPEATS, 3]  # about 200 ms, 3 at least
     assert [r["pass_"] for r in kernel] == list(speed.PASSES)
     assert all(r["host_ms"] == 0.25 and r["host_reads"] == 0 for r in kernel)
     assert not any("host_ms" in r for r in records if r["contender"] != "kernel")

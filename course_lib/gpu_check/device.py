@@ -62,11 +62,14 @@ class Device:
     def synchronize(self) -> None:
         """Wait for the work queued on the device (nothing to wait for on the host)."""
 
-    def host(self, step: Callable[[], None], leaves: list[torch.Tensor]) -> tuple[float, int]:
+    def host(
+        self, step: Callable[[], None], leaves: list[torch.Tensor], repeats: int = 0
+    ) -> tuple[float, int]:
         """``(median milliseconds the host spends inside one step, reads of tensor values
         back to the host in one step)``: the step starts on an idle device each time, and its
         kernels are not waited for (except by its own reads, :mod:`course_lib.host_reads`).
-        Where this is close to :meth:`measure`'s time, the step is bound by the host."""
+        Where this is close to :meth:`measure`'s time, the step is bound by the host.
+        ``repeats``: steps timed (0: :data:`HOST_REPEATS`)."""
         from statistics import median
         from time import perf_counter
 
@@ -77,7 +80,7 @@ class Device:
         with HostReads() as reads:
             step()
         times = []
-        for _ in range(HOST_REPEATS):
+        for _ in range(repeats or HOST_REPEATS):
             for leaf in leaves:
                 leaf.grad = None
             self.synchronize()
@@ -88,7 +91,7 @@ class Device:
         return median(times) * 1e3, reads.count
 
 
-HOST_REPEATS = 21  # steps timed on the host per record (the median is kept)
+HOST_REPEATS = 21  # steps timed on the host per record at most (the median is kept)
 
 
 class CudaDevice(Device):
