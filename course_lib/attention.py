@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from course_lib.call_scope import call_scope
 from course_lib.checks import (
     check_choice,
     check_key_padding_mask,
@@ -241,12 +242,13 @@ def attention_weights(
 
     For stick-breaking methods each row sums to at most 1 (the rest goes to the query's own value).
     """
-    encoding, key_pos, params, k, _ = _prepare(
-        q, k, k, method, causal, key_padding_mask, position_ids, params
-    )  # k stands in for v: only its shape is checked
-    encoding = _with_normaliser(encoding, method, normaliser)
-    _check_reference_memory(q, k)
-    return _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
+    with call_scope():  # a value checked once in this call is not read again
+        encoding, key_pos, params, k, _ = _prepare(
+            q, k, k, method, causal, key_padding_mask, position_ids, params
+        )  # k stands in for v: only its shape is checked
+        encoding = _with_normaliser(encoding, method, normaliser)
+        _check_reference_memory(q, k)
+        return _weights(q, k, encoding, causal, key_padding_mask, key_pos, params)
 
 
 def attention(
@@ -270,6 +272,14 @@ def attention(
     other three unchanged (None: the record's); both backends honour it.
     """
     check_choice("backend", backend, BACKENDS)
+    with call_scope():  # a value checked once in this call is not read again
+        return _attention(
+            q, k, v, method, causal, key_padding_mask, position_ids, backend, normaliser, params
+        )
+
+
+def _attention(q, k, v, method, causal, key_padding_mask, position_ids, backend, normaliser,
+               params):  # fmt: skip
     encoding, key_pos, params, k, v = _prepare(
         q, k, v, method, causal, key_padding_mask, position_ids, params
     )

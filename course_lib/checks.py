@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from course_lib.call_scope import recall, remember
 from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
 
 __all__ = [
@@ -263,18 +264,28 @@ def check_float_tensor(
 
 
 def _check_finite(value: torch.Tensor, name: str) -> None:
+    """Every entry finite (read once per call: :mod:`course_lib.call_scope`)."""
+    if recall("finite", value):
+        return
     if any_true(~torch.isfinite(value.detach())):
-        bad = value.detach()[~torch.isfinite(value.detach())]
-        raise ValueError(
-            f"{name} must be finite, got {bad.numel()} entries that are not (e.g. {bad[0].item()})"
-        )
+        _refuse_not_finite(value, name)
+    remember("finite", value, True)
+
+
+def _refuse_not_finite(value: torch.Tensor, name: str) -> None:
+    bad = value.detach()[~torch.isfinite(value.detach())]
+    raise ValueError(
+        f"{name} must be finite, got {bad.numel()} entries that are not (e.g. {bad[0].item()})"
+    )
 
 
 def check_tensor_params(method: str, params: Mapping[str, object], device: torch.device) -> None:
     """Every tensor among an attention method's parameters: on ``device``, and finite if it is
-    floating-point. Run by :func:`course_lib.attention.attention` for every method, so a new
-    encoding's parameters are covered with no code of its own (its ``check_params`` adds the
-    shapes and ranges)."""
+    floating-point (all of them read back at once). Run by :func:`course_lib.attention.attention`
+    for every method, so a new encoding's parameters are covered with no code of its own (its
+    ``check_params`` adds the shapes and ranges; its finiteness checks of the same tensors then
+    read nothing again in that call)."""
+    floats = {}
     for name, value in params.items():
         if not isinstance(value, torch.Tensor):
             continue
@@ -282,8 +293,16 @@ def check_tensor_params(method: str, params: Mapping[str, object], device: torch
             raise TypeError(f"method={method!r}: {name} must be real, got {value.dtype}")
         if value.device != device:
             raise ValueError(f"method={method!r}: {name} is on {value.device} but q is on {device}")
-        if value.is_floating_point():
-            _check_finite(value, f"method={method!r}: {name}")
+        if value.is_floating_point() and has_values(value) and not recall("finite", value):
+            floats[name] = value
+    if not floats:
+        return
+    # one read for all of them (each read waits for the GPU)
+    finite = torch.stack([torch.isfinite(v.detach()).all() for v in floats.values()]).tolist()
+    for (name, value), ok in zip(floats.items(), finite, strict=True):
+        if not ok:
+            _refuse_not_finite(value, f"method={method!r}: {name}")
+        remember("finite", value, True)
 
 
 def check_distance_penalty(lam: torch.Tensor, heads: int, device: torch.device) -> None:

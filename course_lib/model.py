@@ -87,16 +87,38 @@ class BertConfig:
         return asdict(self)
 
 
-def _check_labels(labels: object, shape: torch.Size, vocab: int) -> None:
-    """Integer labels shaped like input_ids: ids in ``[0, vocab)`` or -100, at least one id."""
-    check_integer_tensor(labels, "labels")
-    if labels.shape != shape:
+def _check_ids(input_ids: torch.Tensor, labels: object, vocab: int) -> None:
+    """Token ids in ``[0, vocab)``; integer labels shaped like them: ids in ``[0, vocab)`` or
+    -100, at least one id. Their values are read back once (each read waits for a GPU)."""
+    if labels is not None:
+        check_integer_tensor(labels, "labels")
+        if labels.shape != input_ids.shape:
+            raise ValueError(
+                f"labels must have the shape of input_ids {tuple(input_ids.shape)}, got "
+                f"{tuple(labels.shape)}"
+            )
+        if labels.device != input_ids.device:
+            raise ValueError(
+                f"labels are on {labels.device} but input_ids are on {input_ids.device}"
+            )
+    flags = []
+    if input_ids.numel():
+        flags.append((input_ids.max() >= vocab) | (input_ids.min() < 0))
+    if labels is not None:
+        scored = labels != IGNORE_LABEL
+        outside = scored & ((labels < 0) | (labels >= vocab))
+        flags += [~scored.any(), outside.any()]
+    if not flags:
+        return
+    read = torch.stack(flags).tolist()  # one sync
+    if input_ids.numel() and read.pop(0):
         raise ValueError(
-            f"labels must have the shape of input_ids {tuple(shape)}, got {tuple(labels.shape)}"
+            f"input_ids must be in [0, {vocab}), got values from {int(input_ids.min())} to "
+            f"{int(input_ids.max())}"
         )
-    scored = labels != IGNORE_LABEL
-    outside = scored & ((labels < 0) | (labels >= vocab))
-    nothing_scored, any_outside = torch.stack((~scored.any(), outside.any())).tolist()  # one sync
+    if labels is None:
+        return
+    nothing_scored, any_outside = read
     if nothing_scored:
         raise ValueError(
             f"every label is {IGNORE_LABEL} (ignored), so the loss would be a mean over no tokens "
@@ -190,14 +212,7 @@ class MiniBert(nn.Module):
         check_integer_tensor(input_ids, "input_ids (token ids)")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
-        vocab = self.config.vocab_size
-        if input_ids.numel() and (int(input_ids.max()) >= vocab or int(input_ids.min()) < 0):
-            raise ValueError(
-                f"input_ids must be in [0, {vocab}), got values from {int(input_ids.min())} to "
-                f"{int(input_ids.max())}"
-            )
-        if labels is not None:
-            _check_labels(labels, input_ids.shape, vocab)
+        _check_ids(input_ids, labels, self.config.vocab_size)
         if cache is not None:
             if not self.causal:
                 raise ValueError("a key/value cache is for causal decoding: use objective='clm'")

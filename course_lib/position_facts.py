@@ -9,13 +9,14 @@ them), and whether positions never decrease along a sequence (a causal split may
 Python waits for the GPU: done one fact at a time, one ``attention()`` call waited up to five
 times, and a model does it in every layer.
 
-:func:`position_facts` computes all of them in one pass and reads them back once, and remembers
-the answer for that tensor object (weakly: forgotten with the tensor; an in-place change of its
-values, which bumps the tensor's version counter, makes it compute them again). A view with the
-same values in the same rows (``unsqueeze``, a ``[1, seq]`` reshape) shares its base's facts.
-Positions built by :func:`arange_positions` carry their facts from the start: a model that
-numbers its tokens ``start, start + 1, ...`` (every layer of :mod:`course_lib.layers`) never
-waits for them.
+:func:`position_facts` computes all of them in one pass and reads them back once. What it
+computed is remembered for the rest of the ``attention()`` call (:mod:`course_lib.call_scope`),
+not beyond: another call may bring the same tensor with other values. Positions the course
+builds carry their facts from the start and for good: :func:`arange_positions` (``start, start
++ 1, ...``, what every layer of :mod:`course_lib.layers` and ``attention()``'s default build)
+and the relative positions :func:`course_lib.kernel_hooks.kernel_positions` makes; a view with
+the same values in the same rows (``unsqueeze``, a ``[1, seq]`` reshape) shares them. A model
+that numbers its tokens itself never waits for them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
+
+from course_lib.call_scope import recall, remember
 
 __all__ = ["PositionFacts", "arange_positions", "position_facts", "remember_facts"]
 
@@ -44,14 +47,15 @@ class PositionFacts:
     step_max: int
 
 
-# tensor -> (its version counter when the facts were taken, its last dim, the facts)
-_KNOWN = WeakIdKeyDictionary()
+# tensors the course built -> (their version counter then, their last dim, their facts)
+_BUILT = WeakIdKeyDictionary()
 
 
 def remember_facts(positions: torch.Tensor, facts: PositionFacts) -> torch.Tensor:
-    """Record ``facts`` as those of ``positions`` (which the caller built to have them, e.g.
-    positions relative to each row's smallest keep every fact); returns ``positions``."""
-    _KNOWN[positions] = (positions._version, positions.shape[-1], facts)
+    """Record ``facts`` as those of ``positions``, a tensor the caller built to have them (e.g.
+    positions relative to each row's smallest keep every fact) and hands to no one who would
+    change it behind its version counter; returns ``positions``."""
+    _BUILT[positions] = (positions._version, positions.shape[-1], facts)
     return positions
 
 
@@ -59,10 +63,10 @@ def _recalled(positions: torch.Tensor) -> PositionFacts | None:
     for t in (positions, positions._base):
         if t is None or (t is not positions and not _same_rows(positions, t)):
             continue
-        known = _KNOWN.get(t)
+        known = _BUILT.get(t)
         if known is not None and known[0] == t._version and known[1] == positions.shape[-1]:
             return known[2]
-    return None
+    return recall("position_facts", positions)
 
 
 def _same_rows(view: torch.Tensor, base: torch.Tensor) -> bool:
@@ -77,8 +81,9 @@ def _same_rows(view: torch.Tensor, base: torch.Tensor) -> bool:
 
 
 def position_facts(positions: torch.Tensor) -> PositionFacts:
-    """The :class:`PositionFacts` of integer positions ``[rows, seq]``: remembered for this
-    tensor (or its base), else computed on its device and read back in one transfer."""
+    """The :class:`PositionFacts` of integer positions ``[rows, seq]``: those it was built with
+    (or its base), or those found earlier in this call, else computed on its device and read
+    back in one transfer (and remembered for the rest of the call)."""
     known = _recalled(positions)
     if known is not None:
         return known
@@ -101,10 +106,7 @@ def position_facts(positions: torch.Tensor) -> PositionFacts:
     )
     span, is_affine, ordered, step_min, step_max = summary.tolist()  # the one read
     facts = PositionFacts(span, bool(is_affine), bool(ordered), step_min, step_max)
-    remember_facts(positions, facts)
-    base = positions._base
-    if base is not None and _same_rows(positions, base):  # the caller's tensor outlives a view
-        remember_facts(base, facts)
+    remember("position_facts", positions, facts)
     return facts
 
 

@@ -2,17 +2,19 @@
 
 ``course_lib.position_facts.position_facts`` reads a positions tensor's span, whether each row
 steps by a constant (and by how much), and whether it is ordered, in one transfer to the host,
-remembered per tensor object until its values change. Checked here: the facts against a direct
-row-by-row computation; one host read for a new tensor, none for the same one again or for a
-view of it, a new read after an in-place change; a slice does not inherit its base's facts;
+remembered for the rest of one ``attention()`` call. Checked here: the facts against a direct
+row-by-row computation; one host read per call, a new read after an in-place change and in the
+next call (a NumPy edit between calls is seen); a slice does not inherit its base's facts;
 positions built by ``arange_positions`` (what every layer builds) are never read; and through
 ``attention()`` on the Triton path (launches planned, not run): no host read of positions for
-default or layer-built positions, at most one per new positions tensor otherwise.
+default or layer-built positions, one per call otherwise; and the finiteness of every tensor
+parameter read once per call, still refused clearly.
 """
 
 import pytest
 import torch
 
+from course_lib.call_scope import call_scope
 from course_lib.host_reads import HostReads
 from course_lib.position_facts import PositionFacts, arange_positions, position_facts
 
@@ -49,20 +51,26 @@ def test_facts_match_a_direct_count(name):
     assert position_facts(torch.tensor(rows)) == _direct(rows)
 
 
-def test_a_new_tensor_is_read_once_and_remembered_until_it_changes():
+def test_facts_are_read_once_and_remembered_for_one_call_only():
     p = torch.tensor([[0, 1, 2, 3]])
-    with HostReads() as reads:
-        first = position_facts(p)
-    assert reads.count == 1 and first.affine
-    with HostReads() as reads:
-        assert position_facts(p) is first
-        assert position_facts(p.unsqueeze(0)[0]) is first  # a view with the same rows
-    assert reads.count == 0
-    p[0, 3] = 5  # in place: the version counter moves
-    with HostReads() as reads:
-        changed = position_facts(p)
+    with call_scope():
+        with HostReads() as reads:
+            first = position_facts(p)
+            assert position_facts(p) is first
+        assert reads.count == 1 and first.affine
+        p[0, 3] = 5  # in place within the call: the version counter moves
+        with HostReads() as reads:
+            changed = position_facts(p)
+        assert reads.count == 1
+        assert changed == _direct([[0, 1, 2, 5]]) and not changed.affine
+    # the next call reads them again: its values may have changed where no counter sees it
+    p.numpy()[0, 3] = 3
+    with call_scope(), HostReads() as reads:
+        assert position_facts(p) == _direct([[0, 1, 2, 3]])
     assert reads.count == 1
-    assert changed == _direct([[0, 1, 2, 5]]) and not changed.affine
+    with HostReads() as reads:  # outside a call nothing is kept
+        position_facts(p), position_facts(p)
+    assert reads.count == 2
 
 
 def test_a_slice_does_not_inherit_its_base_facts():
@@ -78,7 +86,7 @@ def test_a_slice_does_not_inherit_its_base_facts():
 def test_arange_positions_carry_their_facts(start, seq):
     with HostReads() as reads:
         p = arange_positions(start, seq)
-        facts = position_facts(p[None])
+        facts = position_facts(p[None])  # a view of the same rows shares them
     assert reads.count == 0
     assert p.dtype == torch.int64 and p.tolist() == list(range(start, start + seq))
     assert facts == position_facts(p.clone()[None]) == _direct([p.tolist()])
@@ -116,7 +124,7 @@ def _attention_reads(method: str, positions) -> int:
 
 
 @pytest.mark.parametrize("method", ["alibi", "t5", "rse", "exposb"])
-def test_attention_reads_given_positions_once_and_built_ones_never(method):
+def test_attention_reads_given_positions_once_per_call_and_built_ones_never(method):
     pytest.importorskip("triton")
     from course_lib.runtime import kernels_available
 
@@ -126,4 +134,44 @@ def test_attention_reads_given_positions_once_and_built_ones_never(method):
     assert _attention_reads(method, arange_positions(0, 8)) == 0
     given = torch.arange(8)
     assert _attention_reads(method, given) == 1
-    assert _attention_reads(method, given) == 0  # the same tensor again
+    assert _attention_reads(method, given) == 1  # the same tensor again: read again
+
+
+def test_a_calls_parameters_are_checked_for_finiteness_in_one_read():
+    from course_lib.attention import attention
+
+    q = torch.randn(1, 2, 8, 16)
+    params = dict(distance_penalty=torch.tensor([0.1, 0.2]))
+    with HostReads() as reads:
+        attention(q, q, q, method="rse", causal=True, **params)
+    kerple = dict(r1=torch.ones(2, requires_grad=True), r2=torch.ones(2, requires_grad=True))
+    with HostReads() as kerple_reads:
+        attention(q, q, q, method="kerple", causal=True, **kerple)
+    with HostReads() as each:  # the same checks one tensor at a time
+        for value in (*params.values(), *kerple.values()):
+            bool(torch.isfinite(value).all())
+    assert each.count == 3
+    # RSE: finite (1) and lambda >= 0 (1); KERPLE: finite (1) and r1, r2 > 0 (1)
+    assert reads.count == 2 and kerple_reads.count == 2
+    bad = torch.tensor([0.1, 0.2])
+    bad.numpy()[1] = float("nan")  # unseen by any version counter
+    with pytest.raises(ValueError, match="distance_penalty must be finite, got 1 entries"):
+        attention(q, q, q, method="rse", causal=True, distance_penalty=bad)
+
+
+def test_a_model_step_reads_back_once_whatever_its_depth():
+    # its token ids and labels, checked together; the layers' positions are built, and ALiBi
+    # checks no values of its own
+    from course_lib.model import BertConfig, MiniBert
+    from course_lib.runtime import kernels_available
+
+    if not kernels_available():
+        pytest.skip("Triton is not installed")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=20, hidden_size=32, num_layers=2, num_heads=2,
+                        encoding="alibi", backend="triton")  # fmt: skip
+    model = MiniBert(config)
+    ids = torch.randint(0, 20, (2, 8))
+    with HostReads() as reads:
+        model(ids, labels=ids).loss.backward()
+    assert reads.count == 1

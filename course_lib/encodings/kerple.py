@@ -33,7 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import any_true, check_choice, check_float_tensor, check_integer_tensor
+from course_lib.checks import (
+    any_true,
+    check_choice,
+    check_float_tensor,
+    check_integer_tensor,
+    has_values,
+)
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -101,11 +107,17 @@ def check_kerple_params(params: dict, *, heads: int, head_dim: int, device, **ca
 
 def _check_kerple_values(r1: torch.Tensor, r2: torch.Tensor, variant: str) -> None:
     """Finite floating ``r1``, ``r2``, both > 0 for every head; ``r2 <= 2`` for ``power``."""
-    for name, value in (("r1", r1), ("r2", r2)):
+    pairs = (("r1", r1), ("r2", r2))
+    for name, value in pairs:
         if not value.is_floating_point():
             raise TypeError(f"KERPLE {name} must be a floating-point tensor, got {value.dtype}")
+    if not has_values(r1) or not has_values(r2):
+        return
+    # one read for both (each read waits for the GPU)
+    bad = torch.stack([(~torch.isfinite(v.detach()) | (v.detach() <= 0)).any() for _, v in pairs])
+    for (name, value), is_bad in zip(pairs, bad.tolist(), strict=True):
         values = value.detach()
-        if any_true(~torch.isfinite(values) | (values <= 0)):
+        if is_bad:
             raise ValueError(
                 f"KERPLE {name} must be > 0 for every head, and finite (the kernel's "
                 f"parameters), got {values.tolist() if values.numel() <= 8 else 'other values'}"
