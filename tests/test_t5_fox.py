@@ -493,3 +493,21 @@ def test_hook_errors_are_clear():
         flash_attention(
             q, k, v, score_bias=ScoreBias("cumulative_log_gates", per_token=c[:, :, :7])
         )
+
+
+@needs_kernels
+def test_fox_cumulative_sum_past_float32s_reach_is_refused_and_looked_at_only_where_it_can_be():
+    # the kernels read c = cumsum(log f) as float32: past 2^18 c_i - c_j loses 1/32 where a key
+    # still counts (log f > -128 at the query); the lowest gate bounds |c| by seq * |lowest|
+    from course_lib.host_reads import HostReads
+    from course_lib.kernels.common import planned_launches
+
+    seq = 2100  # 2100 * 127 > 2^18
+    q = torch.randn(1, 1, seq, 16)
+    steep = torch.full((1, 1, seq), -127.0)
+    with pytest.raises(ValueError, match=r"cumulative log forget gates .* 2\^18"):
+        attention(q, q, q, method="fox", causal=True, backend="triton", log_forget=steep)
+    mild = torch.full((1, 1, seq), -0.5)  # |c| <= 1050: nothing to look at
+    with planned_launches(90), torch.no_grad(), HostReads() as reads:
+        attention(q, q, q, method="fox", causal=True, backend="triton", log_forget=mild)
+    assert reads.count == 2  # finite, and log f <= 0 with its lowest value, in one read each

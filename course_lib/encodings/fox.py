@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import any_true, check_float_tensor, has_values
+from course_lib.call_scope import recall, remember
+from course_lib.checks import check_float_tensor, has_values
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
@@ -77,11 +78,14 @@ def check_fox_params(params: dict, *, heads: int, head_dim: int, device, positio
             f"and key), got {shape}"
         )
     values = log_forget.detach()
-    if any_true(values > 0):
+    if values.numel() == 0 or not has_values(values):
+        return
+    top, low = torch.stack((values.max(), values.min())).tolist()  # one read
+    if top > 0:
         raise ValueError(
-            f"log_forget must be <= 0 (log of a gate f in (0, 1]); got a maximum of "
-            f"{values.max().item():.3g}"
+            f"log_forget must be <= 0 (log of a gate f in (0, 1]); got a maximum of {top:.3g}"
         )
+    remember("fox_lowest_gate", log_forget, low)  # bounds the kernels' cumulative sum
 
 
 # -- the fused kernels' hook (Triton only) --------------------------------------------------------
@@ -159,11 +163,16 @@ def fox_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:
     over the gates floored at :data:`KERNEL_GATE_FLOOR` and handed over as float32, what the
     kernels read, whatever the gates' dtype (bfloat16 would round ``c`` to 1/4 from 32 on, and
     ``c_i - c_j`` with it).
-    Refused where float32 cannot hold ``c`` finely enough for the keys that count."""
+    Refused where float32 cannot hold ``c`` finely enough for the keys that count; looked at
+    (a read back from the device) only where the lowest gate :func:`check_fox_params` found in
+    this call lets ``|c|`` reach that limit over the sequence."""
     log_forget = params["log_forget"]
     floored = log_forget.clamp(min=KERNEL_GATE_FLOOR)
     c = cumulative_log_forget(floored)
-    _check_kernel_sum(floored.detach(), c.detach())
+    lowest = recall("fox_lowest_gate", log_forget)  # found by check_fox_params in this call
+    steepest = None if lowest is None else min(-lowest, -KERNEL_GATE_FLOOR)
+    if steepest is None or steepest * c.shape[-1] >= KERNEL_SUM_LIMIT:  # |c| may reach it
+        _check_kernel_sum(floored.detach(), c.detach())
     return ScoreBias(CUMULATIVE_LOG_GATES, per_token=c.to(torch.float32))
 
 
