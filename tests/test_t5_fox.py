@@ -499,8 +499,9 @@ def test_hook_errors_are_clear():
 def test_fox_cumulative_sum_past_float32s_reach_is_refused_and_looked_at_only_where_it_can_be():
     # the kernels read c = cumsum(log f) as float32: past 2^18 c_i - c_j loses 1/32 where a key
     # still counts (log f > -128 at the query); the lowest gate bounds |c| by seq * |lowest|
-    from course_lib.host_reads import HostReads
     from course_lib.kernels.common import planned_launches
+
+    from course_lib.host_reads import HostReads
 
     seq = 2100  # 2100 * 127 > 2^18
     q = torch.randn(1, 1, seq, 16)
