@@ -6,8 +6,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import median
+from time import perf_counter
 
 import torch
+
+from course_lib.host_reads import HostReads
 
 __all__ = ["HOST_REPEATS", "CudaDevice", "Device", "NoGpuError", "detect"]
 
@@ -70,11 +74,6 @@ class Device:
         kernels are not waited for (except by its own reads, :mod:`course_lib.host_reads`).
         Where this is close to :meth:`measure`'s time, the step is bound by the host.
         ``repeats``: steps timed (0: :data:`HOST_REPEATS`)."""
-        from statistics import median
-        from time import perf_counter
-
-        from course_lib.host_reads import HostReads
-
         for leaf in leaves:
             leaf.grad = None
         with HostReads() as reads:

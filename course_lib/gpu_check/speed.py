@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.gpu_check.cases import make_inputs, methods
+from course_lib.gpu_check.device import HOST_REPEATS
 
 __all__ = [
     "FLEX_SANITY",
@@ -445,8 +446,6 @@ def host_one(device, fn: Attention, inputs, pass_: str, ms: float) -> tuple[floa
     """``(ms the host spends in one pass, reads back to the host in one pass)`` of ``fn``
     (:meth:`.device.Device.host`), a pass of ``ms`` timed about :data:`HOST_BUDGET_MS` long
     (CoPE's backward takes over a second: three of them)."""
-    from course_lib.gpu_check.device import HOST_REPEATS
-
     repeats = max(3, min(HOST_REPEATS, int(HOST_BUDGET_MS / max(ms, 1e-3))))
     return device.host(*_step(fn, inputs, pass_), repeats=repeats)
 
