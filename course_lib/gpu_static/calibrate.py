@@ -12,7 +12,10 @@ measured ratios:
   tile's pairs, weighted over a kernel's loops as :func:`.model.kernel_cost` weights cycles (the
   diagonal share of a causal mask at the measured length). K/V/Q/dO tile copies, the q/k
   tables' loads, a bias's per-pair gathers (T5 and KERPLE's per-distance table) and its
-  gradient's stores all land here, in-loop spills too (``LDL``/``STL``);
+  gradient's stores all land here, in-loop spills too (``LDL``/``STL``), and so do the
+  never-executed ``@!PT LDS`` that ptxas places before each shared-memory fence: they stand
+  for the fences' cost, and leaving them out made the leave-one-method-out fit worse (median
+  1.14 -> 1.23);
 * **the two bounds**, ``overlap`` and ``no_overlap`` cycles per pair, recomputed at the
   measured length, blended as ``(1 - w) overlap + w no_overlap``;
 * **per-token passes** (``passes``: the q/k transform's encode and decode, the backward's
