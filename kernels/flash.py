@@ -545,6 +545,29 @@ def _flash_bwd_delta_kernel(
 
 
 @triton.jit
+def _sub_tile_slots(key_block, query_block, num_blocks, grad_slots, R: tl.constexpr,
+                    CAUSAL: tl.constexpr):  # fmt: skip
+    """``[R]``: the per-tile gradient slots (:func:`.score_bias.tile_slot`, blocks of one
+    sub-tile side ``G``) of the ``R`` square sub-tiles of a dK/dV tile, query block
+    ``query_block`` against key sub-blocks ``R key_block .. R key_block + R - 1``, counted from
+    this (batch, head)'s first slot (``grad_slots`` per (batch, head)); side 1 for a query
+    block before the key sub-block. A sub-tile past the last key, wholly above a causal
+    diagonal (whose slot would alias one below it) or in a group the buffer does not keep
+    (``GradTiles.rows``: fewer rows than ``ceil(num_blocks / 2)``) gets the scratch slot after
+    every (batch, head)'s."""
+    sub = key_block * R + tl.arange(0, R)
+    side = (query_block < sub).to(tl.int32)
+    slot = tile_slot(sub, query_block, num_blocks, side)
+    stored = sub < num_blocks
+    if CAUSAL:
+        rows = grad_slots // (num_blocks + 1)  # one side: the rows kept
+        kept = (query_block - sub < rows) | (2 * rows >= num_blocks)
+        stored = stored & (query_block >= sub) & kept
+    scratch = (tl.num_programs(1) - tl.program_id(1)) * grad_slots
+    return tl.where(stored, slot, scratch)
+
+
+@triton.jit
 def _dkdv_tiles(
     dk1,
     dk2,
@@ -587,6 +610,7 @@ def _dkdv_tiles(
     skip_from,
     skip_to,
     key_block,
+    grad_slots,
     far_value,
     HEAD_DIM: tl.constexpr,
     HALF_PAD: tl.constexpr,
@@ -616,10 +640,10 @@ def _dkdv_tiles(
 
     Query rows past the end have ``lse = +inf``, so their ``P`` is 0 with no mask. Key rows past
     the end are masked only where a sum over keys needs it (a key-padding mask, a bias gradient):
-    otherwise they are rows of dK/dV that are never stored. With ``GRAD_PER_TILE`` (square
-    tiles) ``dbias`` points at this (batch, head)'s tile slots and the hook stores each tile's
-    sums in its own slot (``tile_slot``: side 1 for a query block before key block
-    ``key_block``). With ``FAR``, every pair of these tiles has the one bias ``far_value`` (base
+    otherwise they are rows of dK/dV that are never stored. With ``GRAD_PER_TILE`` ``dbias``
+    points at this (batch, head)'s tile slots and the hook stores the sums of each ``BLOCK_M``
+    x ``BLOCK_M`` sub-tile in its own slot (:func:`_sub_tile_slots`, ``grad_slots`` per
+    (batch, head)). With ``FAR``, every pair of these tiles has the one bias ``far_value`` (base
     2): no hook is called (the dQ kernel sums these tiles' ``dS`` for the bias's gradient).
     ``ROW_ALIGN``: what ``lo`` is a multiple of.
     """
@@ -684,10 +708,9 @@ def _dkdv_tiles(
         if FAR:  # no hook here (the dQ kernel sums these tiles' dS for the constant)
             dbias = dbias
         elif BIAS_GRAD_FN is not None and GRAD_PER_TILE:  # queries are axis 1 of these tiles
-            query_block = start_m // BLOCK_M
-            side = (query_block < key_block).to(tl.int32)
-            slot = tile_slot(key_block, query_block, tl.cdiv(seq_len, BLOCK_M), side)
-            BIAS_GRAD_FN(dbias + slot * GRAD_WIDTH, ds_t, query_idx, key_idx, pos_m[None, :],
+            slots = _sub_tile_slots(key_block, start_m // BLOCK_M, tl.cdiv(seq_len, BLOCK_M),
+                                    grad_slots, offs_n.shape[0] // BLOCK_M, CAUSAL)  # fmt: skip
+            BIAS_GRAD_FN(dbias + slots * GRAD_WIDTH, ds_t, query_idx, key_idx, pos_m[None, :],
                          key_pos, BIAS, 1, BIAS_OPTIONS)  # fmt: skip
         elif BIAS_GRAD_FN is not None:
             dbias = BIAS_GRAD_FN(
@@ -773,11 +796,12 @@ def _flash_bwd_dkdv_kernel(
     ``dk' = scale * dS^T q'`` (per pair half), then ``dk`` through the transposed transform.
     With ``BIAS_GRAD_FN``, the score bias's parameter gradient from ``dS`` as this program's
     partial sums, stored at ``DBIAS[batch*head, key block, :GRAD_WIDTH]``; with
-    ``GRAD_PER_TILE``, one slot per tile instead, ``DBIAS[batch*head, tile slot, :GRAD_WIDTH]``
-    (``grad_slots`` of them per (batch, head)). With ``BIAS_FAR`` (causal), the query blocks at
-    least ``far_reach`` tokens after the block's last key run without the hook, ``FAR_BLOCK_M``
-    queries per tile (a multiple of ``BLOCK_M``: the square tiles of a per-tile gradient are
-    needed only where the hook runs); the dQ kernel sums their ``dS`` for the bias's gradient.
+    ``GRAD_PER_TILE`` (``BLOCK_N`` a multiple of ``BLOCK_M``), one slot per ``BLOCK_M`` x
+    ``BLOCK_M`` sub-tile instead, ``DBIAS[batch*head, tile slot, :GRAD_WIDTH]`` (``grad_slots``
+    of them per (batch, head), then one scratch slot for sub-tiles that have none). With
+    ``BIAS_FAR`` (causal), the query blocks at least ``far_reach`` tokens after the block's last
+    key run without the hook, ``FAR_BLOCK_M`` queries per tile (a multiple of ``BLOCK_M``); the
+    dQ kernel sums their ``dS`` for the bias's gradient.
     """
     pid_n, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
         Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,
@@ -858,7 +882,7 @@ def _flash_bwd_dkdv_kernel(
             dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
             stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part,
             ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2,
-            seq_len, qk_scale_log2, far_start, num_far, 0, 0, pid_n,
+            seq_len, qk_scale_log2, far_start, num_far, 0, 0, pid_n, 0,
             BIAS_FAR(BIAS, far_reach, BIAS_OPTIONS), HEAD_DIM, HALF_PAD, HALF_LAYOUT,
             PAIR_HALVES, FAR_BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN,
             GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK,
@@ -869,7 +893,7 @@ def _flash_bwd_dkdv_kernel(
         dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
         stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part, ref_idx,
         ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-        qk_scale_log2, band_end, num_free, 0, 0, pid_n, 0.0, HEAD_DIM, HALF_PAD,
+        qk_scale_log2, band_end, num_free, 0, 0, pid_n, grad_slots, 0.0, HEAD_DIM, HALF_PAD,
         HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
         BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL,
         HAS_MASK, DOT_PRECISION, False, False, BLOCK_M,
@@ -880,7 +904,8 @@ def _flash_bwd_dkdv_kernel(
         dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
         stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part, ref_idx,
         ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-        qk_scale_log2, lo, num_band + num_tail.to(tl.int32), band_end, full_end, pid_n, 0.0,
+        qk_scale_log2, lo, num_band + num_tail.to(tl.int32), band_end, full_end, pid_n,
+        grad_slots, 0.0,
         HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN,
         BIAS_FACTOR, BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE,
         CAUSAL, HAS_MASK, DOT_PRECISION, True, False, BLOCK_M,
@@ -1233,6 +1258,11 @@ _CARRY_CONFIGS: dict[tuple[int | None, str, str, str], tuple[int, int, int, int]
     (90, "dkdv", "16bit-wide", "bias"): (32, 128, 8, 2),
     (90, "dq", "16bit-wide", "plain"): (128, 32, 8, 2),
     (90, "dq", "16bit-wide", "bias"): (128, 32, 8, 2),
+    # a hook whose gradient is written per square sub-tile (the per-distance table): at head_dim
+    # 64 a square tile on one warpgroup loads no more per pair than 64 x 128 on two and spills
+    # less (calibrated: 0.77 of plain flash with T5's far tiles, 0.74 on 64 x 128); at 128 the
+    # bias tiles (4 sub-tiles of 32) do better than 64 x 64 did (0.78 against 0.70)
+    (90, "dkdv", "16bit", "per_tile"): (64, 64, 4, 2),
     (None, "forward", "16bit-wide", "bias"): (128, 32, 8, 2),
     (None, "dkdv", "16bit-wide", "bias"): (32, 32, 4, 2),
     (None, "dq", "16bit-wide", "bias"): (32, 32, 4, 2),
@@ -1251,19 +1281,11 @@ _SMEM_CLASS_CONFIGS: dict[tuple[str, str, str, str], tuple[int, int, int, int]] 
     **{("64k", "forward", "16bit", c): (64, 64, 4, 2) for c in ("plain", "bias")},
     **{("64k", "forward", "16bit-wide", c): (64, 32, 4, 2) for c in ("plain", "bias")},
     **{("64k", "dkdv", "16bit", c): (32, 64, 4, 2) for c in ("plain", "bias")},
+    ("64k", "dkdv", "16bit", "per_tile"): (32, 32, 4, 2),
     **{("64k", "dq", "16bit", c): (64, 32, 4, 2) for c in ("plain", "bias")},
     **{("64k", "dkdv", "16bit-wide", c): (32, 32, 4, 2) for c in ("plain", "bias")},
     **{("64k", "dq", "16bit-wide", c): (32, 32, 4, 2) for c in ("plain", "bias")},
 }
-# A hook whose gradient is per tile gets square tiles of at most this side, by class.
-_SQUARE_LIMIT = {"64k": 32}
-# Warps of those square dK/dV tiles, keyed (arch, family), where they differ from the kernel's
-# own. On an H100 at head_dim 64 a 64-row tile runs on one warpgroup: on two, they repeat part
-# of each other's work (the report counted 1.5x plain flash's tensor-core flops and twice its
-# exponentials per pair). At head_dim 128 one warpgroup spills (about 90 accesses per
-# iteration), and 32-wide tiles leave the tensor cores' warpgroup products for smaller ones
-# that load more per pair, so both warpgroups stay.
-_SQUARE_WARPS = {(90, "16bit"): 4}
 
 
 def smem_class(device: torch.device) -> str | None:
@@ -1291,40 +1313,41 @@ def pick_config(
     device: torch.device,
     *,
     bias: bool = False,
-    square: bool = False,
+    per_tile: bool = False,
 ) -> FlashConfig:
     """Block sizes and launch options of one kernel (``"forward"``, ``"dkdv"`` or ``"dq"``) for
-    a launch whose loops carry a score-bias hook (``bias``) or not; ``square``: equal
-    query and key blocks (the larger of the two, at most 64 on a GPU, 32 with 64 KiB of shared
-    memory), for a hook whose gradient is per tile. The GPU's shared memory per block picks
-    smaller tiles where the defaults would not fit (:data:`_SMEM_CLASS_CONFIGS`)."""
+    a launch whose loops carry a score-bias hook (``bias``) or not. The GPU's shared memory per
+    block picks smaller tiles where the defaults would not fit (:data:`_SMEM_CLASS_CONFIGS`).
+    ``per_tile``: the hook's gradient is written per square sub-tile (dK/dV), which takes the
+    ``"per_tile"`` entries where there are some and the hook's tiles otherwise; every dK/dV
+    tile has a multiple of its queries as keys."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
     arch = gpu_arch(device)
     if arch is None:
-        block_m, block_n = _INTERPRETER_CONFIGS[kernel]
-        if square:
-            block_m = block_n = max(block_m, block_n)
-        return FlashConfig(block_m, block_n)
+        return FlashConfig(*_INTERPRETER_CONFIGS[kernel])
     if dtype == torch.float32:
         family = "fp32"
     else:
         family = "16bit-wide" if head_dim >= 128 else "16bit"
-    carries = "bias" if bias else "plain"
+    carried = ("per_tile", "bias") if per_tile else ("bias",) if bias else ("plain",)
     small = smem_class(device)
     block_m, block_n, num_warps, num_stages = next(
         config
         for config in (
-            _CARRY_CONFIGS.get((arch, kernel, family, carries)) if arch == 90 else None,
-            _SMEM_CLASS_CONFIGS.get((small, kernel, family, carries)),
-            _CARRY_CONFIGS.get((None, kernel, family, carries)) if arch != 90 else None,
+            *(
+                _CARRY_CONFIGS.get((arch, kernel, family, c)) if arch == 90 else None
+                for c in carried
+            ),
+            *(_SMEM_CLASS_CONFIGS.get((small, kernel, family, c)) for c in carried),
+            *(
+                _CARRY_CONFIGS.get((None, kernel, family, c)) if arch != 90 else None
+                for c in carried
+            ),
             _GPU_CONFIGS[(kernel, family)],
-        )
+        )  # fmt: skip
         if config is not None
     )
-    if square:  # the larger side, at most 64 (at head_dim 128 the dK/dV accumulators then fit)
-        block_m = block_n = min(max(block_m, block_n), _SQUARE_LIMIT.get(small, 64))
-        num_warps = _SQUARE_WARPS.get((arch, family), num_warps)
     return FlashConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
 
 
@@ -1516,16 +1539,18 @@ def flash_attention_backward(
     a = prepare_launch(q, positions, key_mask, None, bias_hook, bias_params, bias_options)
     if bias_grad and (a.hook is None or a.hook.grad is None):
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
-    per_tile = bias_grad and a.hook.grad_per_tile  # one gradient slot per tile: square tiles
+    per_tile = bias_grad and a.hook.grad_per_tile  # one gradient slot per square sub-tile
     configs = dict(configs or {})
     for kernel in ("dkdv", "dq"):
         configs.setdefault(kernel, pick_config(
             kernel, head_dim, q.dtype, q.device, bias=a.hook is not None,
-            square=per_tile and kernel == "dkdv",
+            per_tile=per_tile and kernel == "dkdv",
         ))  # fmt: skip
-    if per_tile and configs["dkdv"].block_m != configs["dkdv"].block_n:
+    if per_tile and configs["dkdv"].block_n % configs["dkdv"].block_m:
         raise ValueError(
-            f"the hook {a.hook.name!r} needs square dK/dV tiles, got {configs['dkdv']}"
+            f"the hook {a.hook.name!r} writes its gradient per square sub-tile of the dK/dV "
+            f"tiles: their keys (block_n) must be a multiple of their queries (block_m), got "
+            f"{configs['dkdv']}"
         )
     shape, device = (batch, heads, seq, head_dim), q.device
     # gradients w.r.t. q', k' stay float32 until the tables' transpose has been applied
@@ -1544,29 +1569,38 @@ def flash_attention_backward(
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     cfg = configs["dkdv"]
     num_key_blocks = triton.cdiv(seq, cfg.block_n)
-    grad_width = a.hook.grad_width(cfg.block_n, bias_options) if bias_grad else 1
-    # the gradient's partial sums: one slot per program, or per tile (zeros: a causal launch
-    # visits only the tiles at or below the diagonal)
-    tiles = GradTiles(cfg.block_n, num_key_blocks, 1 if causal else 2) if per_tile else None
-    slots = tile_slot_count(tiles) if per_tile else num_key_blocks
-    partials = (torch.zeros if per_tile else torch.empty)(
-        (batch * heads, slots, grad_width) if bias_grad else (1,),
-        dtype=torch.float32,
-        device=device,
+    # the gradient's partial sums: one slot per program, or per square sub-tile of side
+    # block_m (zeros: a causal launch visits only the sub-tiles at or below the diagonal, and
+    # its far tiles none), then one scratch slot for the sub-tiles that have no slot. With a
+    # far reach, groups t >= ceil(reach / sub) + 1 hold only diagonals past the reach, whose
+    # sums the far reduction replaces: their slots are not kept.
+    sub = cfg.block_m
+    grad_width = (
+        a.hook.grad_width(sub if per_tile else cfg.block_n, bias_options) if bias_grad else 1
     )
+    band = triton.cdiv(far_reach, sub) + 1 if far else None
+    tiles = GradTiles(sub, triton.cdiv(seq, sub), 1 if causal else 2, band) if per_tile else None
+    slots = tile_slot_count(tiles) if per_tile else num_key_blocks
+    if per_tile:
+        size = batch * heads * slots * grad_width
+        scratch = torch.zeros(size + grad_width, dtype=torch.float32, device=device)
+        partials = scratch[:size].view(batch * heads, slots, grad_width)
+    else:
+        partials = torch.empty(
+            (batch * heads, slots, grad_width) if bias_grad else (1,),
+            dtype=torch.float32,
+            device=device,
+        )
     run_launch(Launch("dkdv", _flash_bwd_dkdv_kernel, (num_key_blocks, batch * heads), (
         q, k, v, grad_out, lse, delta, dk, dv, positions, a.mask, a.cos, a.sin, a.key_cos,
-        a.key_sin, a.gain, a.bias_params, partials, *strides, seq, heads, scale, scale * LOG2E, slots,
+        a.key_sin, a.gain, a.bias_params, scratch if per_tile else partials, *strides, seq, heads,
+        scale, scale * LOG2E, slots,
         far_reach or 0,
     ), dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BIAS_GRAD_FN=a.hook.grad if bias_grad else None, GRAD_WIDTH=grad_width,
         GRAD_PER_TILE=per_tile, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        # far tiles call no hook: at head_dim 64, twice the rows where 8 warps walk the square
-        # tiles of a per-tile gradient (on an H100 the rows of one warpgroup's product each)
-        FAR_BLOCK_M=(
-            2 if per_tile and head_dim < 128 and cfg.num_warps == 8 else 1
-        ) * cfg.block_m if far else 0,
+        FAR_BLOCK_M=cfg.block_m if far else 0,
         **switches,
     )))  # fmt: skip
     # a per-token bias's query side (b_ij = a_i - a_j): d loss / d a_i += sum_j dS_ij

@@ -47,9 +47,14 @@ columns), once per tile it visits; it starts from zeros and stores ``acc`` at
 (no atomics, so deterministic). After the launch :meth:`BiasHook.reduce_grad` turns the buffer
 into the parameter's gradient with torch. A hook whose sums do not fit one accumulator per
 program (``grad_per_tile``: the per-diagonal table, whose tile sums land on distances that move
-with every tile) gets instead, as ``acc``, a pointer to a slot of its own for each tile it is
-called on (``GRAD_WIDTH`` floats, at :func:`tile_slot`), stores its sums there and returns the
-pointer; the kernels then use square tiles.
+with every tile) gets instead, as ``acc``, pointers to slots of its own (``GRAD_WIDTH`` floats
+each, at :func:`tile_slot`), stores its sums there and returns ``acc``. The slots are per square
+sub-tile of side ``G``: a tile whose rows are keys (``QUERY_AXIS == 1``) may hold ``R`` key
+sub-blocks of ``G`` keys stacked along its rows (``[R G, G]``, the flash dK/dV kernel's tall
+tiles) and ``acc`` is then ``[R]``, one slot per sub-tile; a tile whose rows are queries is
+square and ``acc`` is ``[1]``. A sub-tile the buffer has no slot for (wholly above a causal
+diagonal, past the last key, or with a far reach in a group whose diagonals all lie past it)
+gets a scratch slot that nothing reads.
 
 ``dS_ij = d loss / d logit_ij`` is the matrix the backward kernels already form (softmax:
 ``P (dP - delta)``; stick-breaking: ``dz``).
@@ -167,13 +172,22 @@ FAMILIES: tuple[str, ...] = ("flash", "stick_breaking")
 
 @dataclass(frozen=True)
 class GradTiles:
-    """How a per-tile gradient buffer is laid out: square tiles of ``block`` tokens,
-    ``num_blocks`` of them along each axis, ``sides`` 1 (causal: query block >= key block) or 2
-    (bidirectional)."""
+    """How a per-tile gradient buffer is laid out: one slot per square (sub-)tile of ``block``
+    tokens, ``num_blocks`` of them along each axis, ``sides`` 1 (causal: query block >= key
+    block) or 2 (bidirectional); ``rows``: the rows of slots per side (:func:`tile_slot`), all
+    ``ceil(num_blocks / 2)`` by default. Fewer keep only the groups ``t < rows``: a causal
+    launch with a far reach, whose later groups' sums all land on diagonals past the reach
+    (:func:`diagonal_far_reduce` replaces those)."""
 
     block: int
     num_blocks: int
     sides: int
+    rows: int | None = None
+
+    @property
+    def kept_rows(self) -> int:
+        full = (self.num_blocks + 1) // 2
+        return full if self.rows is None else min(self.rows, full)
 
 
 @dataclass(frozen=True)
@@ -190,8 +204,8 @@ class BiasHook:
     its compile-time options (``ScoreBias.options``), turned into the kernels' ``BIAS_OPTIONS``
     tuple by ``to_kernel``; ``example_options`` are valid ones (for the report).
     ``grad_width_fn(block_keys, options)``: the accumulator width (default: one partial sum per
-    key column). ``grad_per_tile``: the gradient is written per tile (see the contract); the
-    kernels use square tiles then. ``families``: the kernel families that take it.
+    key column). ``grad_per_tile``: the gradient is written per square sub-tile (see the
+    contract). ``families``: the kernel families that take it.
     ``query_row_sums``: a ``per_token`` bias of the form ``b_ij = a_i - a_j`` whose query side
     ``d loss / d a_i = sum_j dS_ij`` is added by the flash dQ kernel (see below). ``split``:
     the bias as a query part plus a key part (see the contract), valid for every pair or, with
@@ -323,8 +337,8 @@ class BiasHook:
         return tensor
 
     def grad_width(self, block_keys: int, options: Mapping | None = None) -> int:
-        """Width of the gradient accumulator (per program, or per tile with
-        ``grad_per_tile``; default: one per key column)."""
+        """Width of the gradient accumulator (per program, or per slot with ``grad_per_tile``,
+        ``block_keys`` then the side of the square sub-tiles; default: one per key column)."""
         if self.grad_width_fn is None:
             return block_keys
         return self.grad_width_fn(block_keys, dict(options or {}))
@@ -366,7 +380,7 @@ def per_token_columns(partials, batch: int, heads: int, shape, tiles=None) -> to
 
 def tile_slot_count(tiles: GradTiles) -> int:
     """The number of per-tile slots of one (batch, head) (see :func:`tile_slot`)."""
-    return tiles.sides * ((tiles.num_blocks + 1) // 2) * (tiles.num_blocks + 1)
+    return tiles.sides * tiles.kept_rows * (tiles.num_blocks + 1)
 
 
 @triton.jit
@@ -378,7 +392,8 @@ def tile_slot(key_block, query_block, num_blocks, side):
     its diagonal tile too). Group ``t`` has ``num_blocks - t`` tiles, numbered by the smaller block
     index; groups ``t`` and ``num_blocks - 1 - t`` share a row of ``num_blocks + 1`` slots, so a
     side takes ``ceil(num_blocks / 2)`` rows and torch sums each group with two masked sums
-    (:func:`diagonal_sums`)."""
+    (:func:`diagonal_sums`). A buffer of fewer rows (``GradTiles.rows``, causal) holds the
+    groups ``t`` below its row count in the same places."""
     t = tl.abs(query_block - key_block)
     i = tl.minimum(query_block, key_block)
     first = 2 * t < num_blocks
@@ -399,15 +414,19 @@ def diagonal_sums(partials, batch: int, heads: int, shape, tiles: GradTiles) -> 
     diagonals. Only torch sums; deterministic.
     """
     block, m, sides = tiles.block, tiles.num_blocks, tiles.sides
-    rows = (m + 1) // 2
+    rows = tiles.kept_rows
     x = partials.view(batch * heads, sides, rows, m + 1, 2, block)
     col = torch.arange(m + 1, device=partials.device)
     first = (col[None, :] < (m - torch.arange(rows, device=partials.device))[:, None])[
         :, :, None, None
     ]  # [rows, m + 1, 1, 1]: the slot belongs to group `row`, not to group `m - 1 - row`
     by_first = torch.where(first, x, 0.0).sum(3)  # [bh, sides, rows, 2, block]
-    by_second = torch.where(first, 0.0, x).sum(3)
-    groups = torch.cat((by_first, by_second.flip(2)[:, :, m % 2 :]), dim=2)  # [..., t = 0..m-1, ..]
+    if rows == (m + 1) // 2:
+        by_second = torch.where(first, 0.0, x).sum(3)
+        groups = torch.cat((by_first, by_second.flip(2)[:, :, m % 2 :]), dim=2)  # t = 0..m-1
+    else:  # only the groups t < rows were kept (a causal launch's band)
+        groups = torch.cat((by_first, by_first.new_zeros(*by_first.shape[:2], m - rows,
+                                                         *by_first.shape[3:])), dim=2)  # fmt: skip
     # Chunk j holds the diagonals j*block - block + 1 .. j*block, for j = -(m-1) .. m.
     chunks = torch.zeros(batch * heads, 2 * m, block, dtype=partials.dtype, device=partials.device)
     chunks[:, m - 1 : 2 * m - 1] += groups[:, 0, :, 0]  # side 0, lo: chunk t
@@ -445,25 +464,39 @@ def diagonal_table_grad(
     acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
     OPTIONS: tl.constexpr = None,
 ):  # fmt: skip
-    """The sums of a square ``dS`` tile along its diagonals, stored at ``acc`` (this tile's slot
-    of ``2 * block`` floats): ``lo[u]`` for ``i - j = c - block + 1 + u``, ``hi[u]`` for
-    ``i - j = c + 1 + u`` (``c``: first query minus first key of the tile).
+    """The sums of each square ``G x G`` sub-tile of ``dS`` along its diagonals, stored at its
+    slot (``acc``: ``[R]`` slot pointers, ``2 G`` floats each): ``lo[u]`` for ``i - j = c - G +
+    1 + u``, ``hi[u]`` for ``i - j = c + 1 + u`` (``c``: the sub-tile's first query minus its
+    first key). With ``QUERY_AXIS == 1`` (rows are keys) ``ds`` is ``[R G, G]``: ``R`` sub-tiles
+    of consecutive keys; otherwise it is square and ``R = 1``.
 
-    Column ``t`` of a circularly shifted copy of the tile (row ``r`` rotated by ``r + t + 1``)
+    Column ``t`` of a circularly shifted copy of a sub-tile (row ``r`` rotated by ``r + t + 1``)
     holds, in each row, one element of diagonal ``c + t + 1`` or, past the wrap-around, of
-    ``c + t + 1 - block``: two masked column sums give both vectors, no atomics."""
-    BLOCK: tl.constexpr = ds.shape[0]
-    r = tl.arange(0, BLOCK)[:, None]
-    t = tl.arange(0, BLOCK)[None, :]
+    ``c + t + 1 - G``: two masked column sums give both vectors, no atomics."""
+    G: tl.constexpr = ds.shape[1]
+    R: tl.constexpr = ds.shape[0] // G
+    tl.static_assert(QUERY_AXIS == 1 or R == 1, "a tile whose rows are queries must be square")
+    if R == 1:  # one square tile (its code stays two-dimensional; acc [1] broadcasts)
+        sub = ds
+        r = tl.arange(0, G)[:, None]
+        t = tl.arange(0, G)[None, :]
+        u = tl.arange(0, G)
+        slot = acc
+    else:  # sub-tile s: rows s G .. s G + G - 1
+        sub = tl.reshape(ds, [R, G, G])
+        r = tl.arange(0, G)[None, :, None]
+        t = tl.arange(0, G)[None, None, :]
+        u = tl.arange(0, G)[None, :]
+        slot = acc[:, None]
     if QUERY_AXIS == 1:  # rows are keys: i - j - c = column - row
-        shifted = tl.gather(ds, (r + t + 1) & (BLOCK - 1), axis=1)
-        wrapped = r + t + 1 >= BLOCK
+        index = (r + t + 1) & (G - 1)
+        wrapped = r + t + 1 >= G
     else:  # rows are queries: i - j - c = row - column
-        shifted = tl.gather(ds, (r - t - 1 + BLOCK) & (BLOCK - 1), axis=1)
+        index = (r - t - 1 + G) & (G - 1)
         wrapped = r < t + 1
-    u = tl.arange(0, BLOCK)
-    tl.store(acc + u, tl.sum(tl.where(wrapped, shifted, 0.0), axis=0))
-    tl.store(acc + BLOCK + u, tl.sum(tl.where(wrapped, 0.0, shifted), axis=0))
+    shifted = tl.gather(sub, tl.broadcast_to(index, sub.shape), axis=len(sub.shape) - 1)
+    tl.store(slot + u, tl.sum(tl.where(wrapped, shifted, 0.0), axis=len(sub.shape) - 2))
+    tl.store(slot + G + u, tl.sum(tl.where(wrapped, 0.0, shifted), axis=len(sub.shape) - 2))
     return acc
 
 

@@ -110,9 +110,10 @@ def test_tiles_follow_the_gpus_shared_memory_and_bf16_is_refused_where_it_has_no
     for arch in (90, 80, 86, 75):
         with common.planned_launches(arch):
             cfg = flash.pick_config("forward", 64, torch.bfloat16, cuda, bias=True)
-            square = flash.pick_config("dkdv", 64, torch.float16, cuda, bias=True, square=True)
+            tile = flash.pick_config("dkdv", 64, torch.float16, cuda, bias=True, per_tile=True)
         sizes[arch] = cfg.block_m * cfg.block_n * cfg.num_stages
-        assert square.block_m == square.block_n <= (32 if arch == 75 else 64)
+        # a per-tile gradient's dK/dV tiles: keys a multiple of their queries
+        assert tile.block_n % tile.block_m == 0 and tile.block_n <= (32 if arch == 75 else 128)
     assert sizes[90] >= sizes[80] > sizes[86] >= sizes[75]
     q = torch.empty(1, 2, 64, 64, dtype=torch.bfloat16, device="meta")
     positions = torch.zeros(1, 64, device="meta")
@@ -135,7 +136,7 @@ def test_every_h100_warpgroup_at_head_dim_64_gets_rows_of_its_own():
     """An H100 warpgroup (4 warps) multiplies 64 rows at a time: a flash tile whose row side (the
     queries of the forward and dQ kernels, the keys of the dK/dV kernel) gives a warpgroup
     fewer would have both warpgroups compute the same products. At head_dim 64 no 16-bit
-    launch does, the square tiles of a per-tile gradient included."""
+    launch does, the tiles of a per-tile gradient included."""
     from course_lib.gpu_static import variants
 
     common = variants._module("common")
@@ -143,12 +144,14 @@ def test_every_h100_warpgroup_at_head_dim_64_gets_rows_of_its_own():
     cuda = torch.device("cuda")
     with common.planned_launches(90):
         for kernel in flash.KERNELS:
-            for bias, square in ((False, False), (True, False), (True, True)):
-                if square and kernel != "dkdv":
+            for bias, per_tile in ((False, False), (True, False), (True, True)):
+                if per_tile and kernel != "dkdv":
                     continue
-                cfg = flash.pick_config(kernel, 64, torch.bfloat16, cuda, bias=bias, square=square)
+                cfg = flash.pick_config(
+                    kernel, 64, torch.bfloat16, cuda, bias=bias, per_tile=per_tile
+                )
                 rows = cfg.block_n if kernel == "dkdv" else cfg.block_m
-                assert rows // (cfg.num_warps // 4) >= 64, (kernel, bias, square, cfg)
+                assert rows // (cfg.num_warps // 4) >= 64, (kernel, bias, per_tile, cfg)
 
 
 def test_hopper_stick_backward_with_a_bias_at_head_dim_64_takes_two_warpgroups():

@@ -16,7 +16,12 @@ import pytest
 import torch
 
 from course_lib.attention import attention
-from course_lib.kernel_hooks import ScoreBias, distance_score_bias, position_steps
+from course_lib.kernel_hooks import (
+    ScoreBias,
+    distance_score_bias,
+    kernel_positions,
+    position_steps,
+)
 from course_lib.runtime import kernel_device, kernels_available
 from course_lib.stick_ops import stick_breaking_attention
 
@@ -276,3 +281,43 @@ def test_t5_far_past_its_last_bucket_equals_the_reference():
         results.append([out, *torch.autograd.grad(out, leaves, up)])
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dkdv", [(16, 64), (16, 32), (32, 32)], ids=lambda b: f"{b[0]}x{b[1]}")
+def test_table_gradient_slots_per_square_sub_tile(dkdv, causal):
+    """The flash dK/dV kernel writes the table's gradient per square sub-tile of side
+    ``block_m``, whatever multiple of it the key block is (4, 2, 1 sub-tiles per tile): sub-tiles
+    past the ragged end or above the causal diagonal go to the scratch slot, every other one to
+    its own; against float64 autograd, with padded keys. Tiles whose keys are not a multiple of
+    their queries are refused, saying why."""
+    from course_lib.kernels import flash
+    from course_lib.kernels.score_bias import DIAGONAL_TABLE
+
+    device = kernel_device()
+    batch, heads, seq, dim = 2, 2, 83, 16
+    q, k, v, up = torch.randn(4, batch, heads, seq, dim, generator=gen(5)).unbind(0)
+    table = torch.randn(batch, heads, 2 * seq - 1, generator=gen(6))
+    mask = torch.ones(batch, seq, dtype=torch.bool)
+    mask[0, -7:] = False
+    x = [t.to(device) for t in (q, k, v, up, table)]
+    positions = kernel_positions(torch.arange(seq, device=device)[None])
+    options = dict(causal=causal, scale=dim**-0.5, bias_hook=DIAGONAL_TABLE, bias_params=x[4])
+    out, lse = flash.flash_attention_forward(*x[:3], positions, mask.to(device), **options)
+    grads = flash.flash_attention_backward(
+        x[3], *x[:3], out, lse, positions, mask.to(device), bias_grad=True,
+        configs={"dkdv": flash.FlashConfig(*dkdv), "dq": flash.FlashConfig(32, 16)}, **options,
+    )  # fmt: skip
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v, table)]
+    ref = _direct(*ref_leaves, causal, mask, "flash")
+    ref_grads = torch.autograd.grad(ref, ref_leaves, up.double())
+    torch.testing.assert_close(out.cpu().double(), ref, atol=1e-4, rtol=1e-4)
+    for name, g, r in zip(("dq", "dk", "dv", "dtable"), grads, ref_grads, strict=True):
+        torch.testing.assert_close(
+            g.cpu().double(), r, atol=2e-4, rtol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    with pytest.raises(ValueError, match=r"keys \(block_n\) must be a multiple of their queries"):
+        flash.flash_attention_backward(
+            x[3], *x[:3], out, lse, positions, mask.to(device), bias_grad=True,
+            configs={"dkdv": flash.FlashConfig(32, 16)}, **options,
+        )  # fmt: skip
