@@ -553,8 +553,8 @@ def _sub_tile_slots(key_block, query_block, num_blocks, grad_slots, R: tl.conste
     this (batch, head)'s first slot (``grad_slots`` per (batch, head)); side 1 for a query
     block before the key sub-block. A sub-tile past the last key, wholly above a causal
     diagonal (whose slot would alias one below it) or in a group the buffer does not keep
-    (``GradTiles.rows``: fewer rows than ``ceil(num_blocks / 2)``) gets the scratch slot after
-    every (batch, head)'s."""
+    (``GradTiles.rows``: fewer rows than ``ceil(num_blocks / 2)``) gets slot -1, this (batch,
+    head)'s scratch slot, which nothing reads."""
     sub = key_block * R + tl.arange(0, R)
     side = (query_block < sub).to(tl.int32)
     slot = tile_slot(sub, query_block, num_blocks, side)
@@ -563,8 +563,7 @@ def _sub_tile_slots(key_block, query_block, num_blocks, grad_slots, R: tl.conste
         rows = grad_slots // (num_blocks + 1)  # one side: the rows kept
         kept = (query_block - sub < rows) | (2 * rows >= num_blocks)
         stored = stored & (query_block >= sub) & kept
-    scratch = (tl.num_programs(1) - tl.program_id(1)) * grad_slots
-    return tl.where(stored, slot, scratch)
+    return tl.where(stored, slot, -1)  # the slot before this (batch, head)'s first
 
 
 @triton.jit
@@ -797,8 +796,9 @@ def _flash_bwd_dkdv_kernel(
     With ``BIAS_GRAD_FN``, the score bias's parameter gradient from ``dS`` as this program's
     partial sums, stored at ``DBIAS[batch*head, key block, :GRAD_WIDTH]``; with
     ``GRAD_PER_TILE`` (``BLOCK_N`` a multiple of ``BLOCK_M``), one slot per ``BLOCK_M`` x
-    ``BLOCK_M`` sub-tile instead, ``DBIAS[batch*head, tile slot, :GRAD_WIDTH]`` (``grad_slots``
-    of them per (batch, head), then one scratch slot for sub-tiles that have none). With
+    ``BLOCK_M`` sub-tile instead, ``DBIAS[batch*head, 1 + tile slot, :GRAD_WIDTH]``
+    (``grad_slots`` of them per (batch, head), after a scratch slot for sub-tiles that have
+    none). With
     ``BIAS_FAR`` (causal), the query blocks at least ``far_reach`` tokens after the block's last
     key run without the hook, ``FAR_BLOCK_M`` queries per tile (a multiple of ``BLOCK_M``); the
     dQ kernel sums their ``dS`` for the bias's gradient.
@@ -839,7 +839,8 @@ def _flash_bwd_dkdv_kernel(
         ref_pos = tl.load(POS + ref_idx)
         key_part = BIAS_SPLIT(key_idx, key_pos, ref_idx, ref_pos, BIAS, False, BIAS_OPTIONS)
     if BIAS_GRAD_FN is not None and GRAD_PER_TILE:
-        dbias = DBIAS + pid_bh * grad_slots * GRAD_WIDTH  # this (batch, head)'s tile slots
+        # this (batch, head)'s tile slots, after its scratch slot
+        dbias = DBIAS + (pid_bh * (grad_slots + 1) + 1) * GRAD_WIDTH
     elif BIAS_GRAD_FN is not None:
         dbias = tl.zeros([GRAD_WIDTH], dtype=tl.float32)
     else:
@@ -1571,7 +1572,7 @@ def flash_attention_backward(
     num_key_blocks = triton.cdiv(seq, cfg.block_n)
     # the gradient's partial sums: one slot per program, or per square sub-tile of side
     # block_m (zeros: a causal launch visits only the sub-tiles at or below the diagonal, and
-    # its far tiles none), then one scratch slot for the sub-tiles that have no slot. With a
+    # its far tiles none), after a scratch slot for the sub-tiles that have no slot. With a
     # far reach, groups t >= ceil(reach / sub) + 1 hold only diagonals past the reach, whose
     # sums the far reduction replaces: their slots are not kept.
     sub = cfg.block_m
@@ -1581,10 +1582,10 @@ def flash_attention_backward(
     band = triton.cdiv(far_reach, sub) + 1 if far else None
     tiles = GradTiles(sub, triton.cdiv(seq, sub), 1 if causal else 2, band) if per_tile else None
     slots = tile_slot_count(tiles) if per_tile else num_key_blocks
-    if per_tile:
-        size = batch * heads * slots * grad_width
-        scratch = torch.zeros(size + grad_width, dtype=torch.float32, device=device)
-        partials = scratch[:size].view(batch * heads, slots, grad_width)
+    if per_tile:  # each (batch, head)'s scratch slot, then its slots
+        scratch = torch.zeros(batch * heads, slots + 1, grad_width, dtype=torch.float32,
+                              device=device)  # fmt: skip
+        partials = scratch[:, 1:]
     else:
         partials = torch.empty(
             (batch * heads, slots, grad_width) if bias_grad else (1,),
