@@ -1260,9 +1260,9 @@ _CARRY_CONFIGS: dict[tuple[int | None, str, str, str], tuple[int, int, int, int]
     (90, "dq", "16bit-wide", "plain"): (128, 32, 8, 2),
     (90, "dq", "16bit-wide", "bias"): (128, 32, 8, 2),
     # a hook whose gradient is written per square sub-tile (the per-distance table): at head_dim
-    # 64 a square tile on one warpgroup loads no more per pair than 64 x 128 on two and spills
-    # less (calibrated: 0.77 of plain flash with T5's far tiles, 0.74 on 64 x 128); at 128 the
-    # bias tiles (4 sub-tiles of 32) do better than 64 x 64 did (0.78 against 0.70)
+    # 64 a square tile on one warpgroup issues about 4% fewer memory instructions per pair than
+    # 64 x 128 on two (calibrated: 0.77 of plain flash with T5's far tiles, 0.74 on 64 x 128);
+    # at 128 the bias tiles (4 sub-tiles of 32) do better than 64 x 64 did (0.78 against 0.70)
     (90, "dkdv", "16bit", "per_tile"): (64, 64, 4, 2),
     (None, "forward", "16bit-wide", "bias"): (128, 32, 8, 2),
     (None, "dkdv", "16bit-wide", "bias"): (32, 32, 4, 2),
