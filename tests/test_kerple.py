@@ -102,7 +102,7 @@ def test_bad_input_is_refused_clearly():
 @pytest.mark.parametrize("variant", KERPLE_VARIANTS)
 @pytest.mark.parametrize("causal", [True, False])
 def test_both_variants_in_both_kernel_families(variant, normaliser, causal):
-    """Triton (the per-distance table) against the reference: output and the gradients of q, k,
+    """Triton (the variant's hook) against the reference: output and the gradients of q, k,
     v, r1 and r2; positions stepping by 2 from 9, padded keys, a ragged last tile."""
     device = kernel_device()
     batch, heads, seq, dim = 2, 3, 53, 16
@@ -125,10 +125,28 @@ def test_both_variants_in_both_kernel_families(variant, normaliser, causal):
 
 
 @needs_kernels
-def test_positions_with_a_gap_are_refused_on_the_triton_backend():
-    q = torch.randn(1, 2, 5, 16, device=kernel_device())
-    ones = torch.ones(2, device=q.device)
-    gap = torch.tensor([0, 1, 2, 7, 8], device=q.device)
-    with pytest.raises(ValueError, match="step by a constant"):
-        attention(q, q, q, method="kerple", position_ids=gap, r1=ones, r2=ones, backend="triton")
-    attention(q, q, q, method="kerple", position_ids=gap, r1=ones, r2=ones)  # the reference
+@pytest.mark.parametrize("variant", KERPLE_VARIANTS)
+def test_the_kernels_compute_the_bias_from_any_positions(variant):
+    """The hooks take ``|p_i - p_j|`` from the positions themselves (no table indexed by
+    ``i - j``): positions with gaps, repeats and a large offset give the reference's output and
+    gradients of r1 and r2."""
+    from course_lib.encodings.kerple import KERPLE_HOOKS, kerple_kernel_bias
+
+    device = kernel_device()
+    heads = 2
+    r1 = torch.tensor([0.7, 1.3], device=device)
+    r2 = torch.tensor([0.4, 1.6], device=device)
+    bias = kerple_kernel_bias({"r1": r1, "r2": r2, "variant": variant}, None)
+    assert bias.hook is KERPLE_HOOKS[variant] and bias.per_head.shape == (heads, 2)
+    q, k, v, up = torch.randn(4, 1, heads, 7, 16, generator=gen(4)).to(device).unbind(0)
+    positions = (torch.tensor([0, 1, 2, 7, 8, 8, 40]) + 10**6).to(device)
+    results = []
+    for backend in ("reference", "triton"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, r1, r2)]
+        out = attention(
+            *leaves[:3], method="kerple", causal=True, position_ids=positions, r1=leaves[3],
+            r2=leaves[4], variant=variant, backend=backend,
+        )  # fmt: skip
+        results.append([out, *torch.autograd.grad(out, leaves, up)])
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-3)

@@ -22,9 +22,18 @@ uniform draws per head, floored at ``1e-2``: ``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)`` 
 ``r1 ~ U(0, 1)``, ``r2 ~ U(0, 2)`` (power).
 
 The bias is a function of the distance alone, written here in plain torch (``distance_bias``):
-the reference builds ``b`` from it, and the fused kernels of both families read it per pair from
-a table of one value per distance (``course_lib.kernel_hooks.distance_score_bias``), so
-autograd carries the table's gradient to ``r1`` and ``r2``. This file holds no kernel code.
+the reference builds ``b`` from it. The fused kernels of both families compute it per pair from
+the positions, in registers, with the kernel hooks below (one per variant: ``log2`` of
+``1 + r2 d``, or ``2^(r2 log2 d)``, one or two special-function instructions per pair and no
+table), and sum its two parameters' gradients per key column::
+
+    log:    d b / d r1 = -log(1 + r2 d)      d b / d r2 = -r1 d / (1 + r2 d)
+    power:  d b / d r1 = -d^r2               d b / d r2 = -r1 d^r2 log d     (0 at d = 0)
+
+(``d = |p_i - p_j|``), which autograd carries on to ``r1`` and ``r2``. Reading the bias from a
+table of one value per distance, as a ``distance_bias`` alone would have the kernels do, gathers
+it per pair from memory and sums its gradient per diagonal: several times slower by the course's
+static GPU model.
 """
 
 from __future__ import annotations
@@ -40,10 +49,12 @@ from course_lib.checks import (
     check_integer_tensor,
     has_values,
 )
+from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
+from course_lib.runtime import kernels_available
 
-__all__ = ["KERPLE_VARIANTS", "KERPLEAttention", "kerple_bias"]
+__all__ = ["KERPLE_HOOKS", "KERPLE_VARIANTS", "KERPLEAttention", "kerple_bias"]
 
 KERPLE_VARIANTS: tuple[str, ...] = ("log", "power")
 _FLOOR = 1e-2  # the authors' smallest parameter value
@@ -94,6 +105,117 @@ def _kerple_bias(distances, r1, r2, variant):
 def kerple_distance_bias(distances: torch.Tensor, params: dict) -> torch.Tensor:
     """-r1_h log(1 + r2_h |p_i - p_j|) (or -r1_h |p_i - p_j|^r2_h), two learned numbers per head"""
     return _kerple_bias(distances, params["r1"], params["r2"], params["variant"])
+
+
+# -- the fused kernels' hooks (Triton only) -------------------------------------------------------
+KERPLE_HOOKS: dict[str, object] = {}
+"""Variant -> the kernels' hook; ``per_head`` is ``[heads, 2]`` = ``(r1, r2)``. Empty without
+Triton."""
+if kernels_available():
+    import triton
+    import triton.language as tl
+
+    from course_lib.kernels.fast_math import fast_log2
+    from course_lib.kernels.score_bias import BiasHook
+
+    @triton.jit
+    def _distance_again(pos_q, pos_k):
+        """``|p_i - p_j|`` for a gradient, written as ``|p_j - p_i|`` so that the compiler does
+        not reuse the bias's tiles of the same pair: the kernels call ``grad`` after two
+        products with ``dS``, and a reused distance and logarithm stay live across them, two
+        float32 tiles more per thread (ptxas then reported 388 bytes of spill stores for the
+        sm_90 dK/dV kernel at head_dim 64, against 56). Recomputed, they cost one more ``lg2``
+        per pair."""
+        return tl.abs(pos_k - pos_q)
+
+    @triton.jit
+    def _log_term(distance, r2):
+        """``log2(1 + r2 d)``: one approximate ``lg2`` per pair (see ``fast_math``)."""
+        return fast_log2(1.0 + r2 * distance)
+
+    @triton.jit
+    def kerple_log_bias(
+        idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
+    ):
+        """``-r1 log(1 + r2 |p_i - p_j|)`` (``-r1 log2(...)`` if ``BASE2``), ``(r1, r2)`` =
+        ``per_head[h, :]``."""
+        r1 = tl.load(params)
+        if not BASE2:
+            r1 = r1 * 0.6931471805599453
+        return -r1 * _log_term(tl.abs(pos_q - pos_k), tl.load(params + 1))
+
+    @triton.jit
+    def kerple_log_grad(
+        acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
+        OPTIONS: tl.constexpr = None,
+    ):  # fmt: skip
+        """Per key column ``j``: ``acc[2 j] += sum_i dS_ij (-log(1 + r2 d))`` and ``acc[2 j +
+        1] += sum_i dS_ij (-r1 d / (1 + r2 d))``, ``d = |p_i - p_j|``."""
+        r1 = tl.load(params)
+        r2 = tl.load(params + 1)
+        distance = _distance_again(pos_q, pos_k)
+        d_r1 = ds * (_log_term(distance, r2) * -0.6931471805599453)
+        d_r2 = ds * (tl.fdiv(distance, 1.0 + r2 * distance, ieee_rounding=False) * -r1)
+        return acc + tl.interleave(tl.sum(d_r1, axis=QUERY_AXIS), tl.sum(d_r2, axis=QUERY_AXIS))
+
+    @triton.jit
+    def _power_terms(distance, r2):
+        """``d^r2`` and ``log2 d`` (0 at ``d = 0``, where ``d^r2`` is 0 too)."""
+        positive = distance > 0.0
+        log2_d = tl.where(positive, fast_log2(tl.where(positive, distance, 1.0)), 0.0)
+        return tl.where(positive, tl.exp2(r2 * log2_d), 0.0), log2_d
+
+    @triton.jit
+    def kerple_power_bias(
+        idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
+    ):
+        """``-r1 |p_i - p_j|^r2`` (times ``log2 e`` if ``BASE2``), ``(r1, r2)`` =
+        ``per_head[h, :]``."""
+        r1 = tl.load(params)
+        if BASE2:
+            r1 = r1 * 1.4426950408889634
+        powered, _ = _power_terms(tl.abs(pos_q - pos_k), tl.load(params + 1))
+        return -r1 * powered
+
+    @triton.jit
+    def kerple_power_grad(
+        acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
+        OPTIONS: tl.constexpr = None,
+    ):  # fmt: skip
+        """Per key column ``j``: ``acc[2 j] += sum_i dS_ij (-d^r2)`` and ``acc[2 j + 1] +=
+        sum_i dS_ij (-r1 d^r2 log d)``, ``d = |p_i - p_j|``."""
+        r1 = tl.load(params)
+        powered, log2_d = _power_terms(_distance_again(pos_q, pos_k), tl.load(params + 1))
+        d_r1 = -(ds * powered)
+        d_r2 = d_r1 * (log2_d * (0.6931471805599453 * r1))
+        return acc + tl.interleave(tl.sum(d_r1, axis=QUERY_AXIS), tl.sum(d_r2, axis=QUERY_AXIS))
+
+    def _per_parameter(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
+        """``[batch*heads, key blocks, 2 block]`` (``r1``'s and ``r2``'s sums of each key,
+        interleaved) -> ``[heads, 2]``."""
+        return partials.view(batch, heads, -1, 2).sum(dim=(0, 2))
+
+    for _variant, _bias, _grad, _formula in (
+        ("log", kerple_log_bias, kerple_log_grad, "-r1 log(1 + r2 |p_i - p_j|)"),
+        ("power", kerple_power_bias, kerple_power_grad, "-r1 |p_i - p_j|^r2"),
+    ):
+        KERPLE_HOOKS[_variant] = BiasHook(
+            name=f"kerple_{_variant}",
+            formula=f"b_ij = {_formula}, (r1, r2) = per_head[h, :]",
+            bias=_bias,
+            grad=_grad,
+            param="per_head",
+            reduce=_per_parameter,
+            width=lambda options: 2,
+            grad_width_fn=lambda block_keys, options: 2 * block_keys,
+        )
+
+
+def kerple_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:
+    """The kernels' hook of the variant, reading ``[heads, 2]`` = ``(r1, r2)`` (autograd carries
+    its gradient to both)."""
+    both = torch.stack((params["r1"], params["r2"]), dim=-1)
+    return ScoreBias(KERPLE_HOOKS[params["variant"]], both)
 
 
 def check_kerple_params(params: dict, *, heads: int, head_dim: int, device, **call) -> None:
@@ -195,6 +317,8 @@ register(
         distance_bias=kerple_distance_bias,
         params={"r1": REQUIRED, "r2": REQUIRED, "variant": "log"},
         check_params=check_kerple_params,
+        kernel_bias=kerple_kernel_bias,
+        kernel_hooks=tuple(KERPLE_HOOKS.values()),
         relative=True,
         learnable=True,
     )

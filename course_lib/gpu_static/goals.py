@@ -47,9 +47,10 @@ def _at_most(times: float) -> dict[int, float]:
 
 # Forward + backward, causal, bf16: a per-token transform costs at most 10% over plain flash
 # (it is done once, outside the loops), ExpoSB's factor 30%; a bias that costs what it computes
-# 10% (ALiBi, FoX), a table read per tile 30% (T5, judged as every course model runs it: positions
-# stepping by a constant, so the per-distance table, whose tiles past the last bucket are one
-# constant); the stick 50%, with RSE's penalty 70%.
+# 10% (ALiBi, FoX), a table read per tile or a few operations per pair 30% (T5, judged as every
+# course model runs it: positions stepping by a constant, so the per-distance table, whose tiles
+# past the last bucket are one constant; KERPLE's hooks; the per-distance table of any other
+# ``distance_bias``, which has no reach); the stick 50%, with RSE's penalty 70%.
 GOALS = (
     Goal("plain flash vs the tutorial", (("flash", "plain"),), "total_x_no", {64: 0.9, 128: 0.9}),
     Goal("RoPE vs plain flash", (("flash", "tables"),), "plain_x_no", _at_most(1.1)),
@@ -74,6 +75,18 @@ GOALS = (
     Goal(
         "T5's buckets vs plain flash",
         (("flash", _BIAS.format("diagonal_table") + "+far"),),
+        "plain_x_no",
+        _at_most(1.3),
+    ),  # fmt: skip
+    Goal(
+        "KERPLE (either variant) vs plain flash",
+        (("flash", _BIAS.format("kerple_log")), ("flash", _BIAS.format("kerple_power"))),
+        "plain_x_no",
+        _at_most(1.3),
+    ),  # fmt: skip
+    Goal(
+        "any other distance_bias (the per-distance table, no reach) vs plain flash",
+        (("flash", _BIAS.format("diagonal_table")),),
         "plain_x_no",
         _at_most(1.3),
     ),  # fmt: skip
