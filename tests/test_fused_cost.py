@@ -6,6 +6,7 @@ import json
 import pytest
 
 from course_lib.gpu_static import calibrate, goals
+from course_lib.runtime import kernels_available
 from course_lib.teaching import fused_cost
 
 MODELLED = sorted(set(calibrate.METHODS) - {"softmax"})
@@ -23,10 +24,17 @@ def test_each_method_reads_the_report_row_it_runs():
         if alone:
             assert (family, "tables") in current
     # T5 declares where its table stops changing: it runs the table's far tiles, which the speed
-    # goal judges; KERPLE declares nothing and runs the table without them
+    # goal judges; KERPLE runs its own hook (the default variant's), which its goal judges
     t5_goal = next(g for g in goals.GOALS if g.name.startswith("T5"))
     assert fused_cost.runs("t5")[:2] == t5_goal.rows[0]
-    assert not fused_cost.runs("kerple")[1].endswith("+far")
+    kerple_goal = next(g for g in goals.GOALS if g.name.startswith("KERPLE"))
+    assert fused_cost.runs("kerple")[:2] == kerple_goal.rows[0]
+    if kernels_available():
+        from course_lib.registry import REGISTRY
+
+        default = REGISTRY["kerple"].kernel_hooks[0]
+        assert default.name == "kerple_" + REGISTRY["kerple"].params["variant"]
+        assert fused_cost.runs("kerple")[1] == f"tables+gain+{default.name}(grad)"
     with pytest.raises(ValueError, match="method must be one of"):
         fused_cost.runs("cope")
 

@@ -27,18 +27,25 @@ GPU_CHECK = FIGURES / "gpu_check" / "nvidia_h200.json"
 GPU_REPORT = FIGURES / "gpu_report.json"
 
 
+#: the launches that changed since the kernels the H200 measured (the calibration's rows,
+#: :data:`course_lib.gpu_static.calibrate.METHODS`): KERPLE has its own hooks now (its default
+#: variant's: log), where it read the per-distance table
+RUNS_SINCE_MEASURED = {"kerple": ("flash", "tables+gain+kerple_log(grad)", True)}
+
+
 def runs(method: str) -> tuple[str, str, bool]:
     """``(kernel family, report row, hook alone)`` of the launch ``method`` runs today, causal,
     with positions that step by a constant: the calibration's row for it
     (:data:`course_lib.gpu_static.calibrate.METHODS`, the rows with a hook compiled in their
-    heaviest combination; hook alone: minus what RoPE's tables add), with the far tiles where
-    the encoding declares a ``distance_reach`` (T5), which the measured kernels did not have."""
+    heaviest combination; hook alone: minus what RoPE's tables add), or the row of
+    :data:`RUNS_SINCE_MEASURED`, with the far tiles where the encoding declares a
+    ``distance_reach`` (T5), which the measured kernels did not have."""
     from course_lib.registry import REGISTRY
 
     if method not in calibrate.METHODS or method == "softmax":
         modelled = sorted(set(calibrate.METHODS) - {"softmax"})
         raise ValueError(f"method must be one of {modelled}, got {method!r}")
-    family, features, alone = calibrate.METHODS[method]
+    family, features, alone = RUNS_SINCE_MEASURED.get(method, calibrate.METHODS[method])
     if "diagonal_table" in features and REGISTRY[method].distance_reach is not None:
         features += "+far"
     return family, features, alone
@@ -97,17 +104,27 @@ def _measured(method: str, seq: int = 4096, head_dim: int = 64) -> float | None:
     return times["softmax"] / times[method]
 
 
+def _no_overlap(row: dict) -> float:
+    """Plain flash's cycles per pair over the row's on the no-overlap bound (every instruction
+    class in turn with the products; the per-token passes' cycles included)."""
+    f, p = row["features"], row["plain"]
+    return (p["no_overlap"] + p["passes"]) / (f["no_overlap"] + f["passes"])
+
+
 def fused_cost(method: str, rep: dict | None = None) -> dict:
-    """``{"calibrated": {64: ratio, 128: ratio}, "memory": {kernel: share} (head_dim 64),
-    "measured": ratio or None}`` for one modelled method (:func:`runs`; ratios: plain flash's
-    time over the method's; ``memory``: each kernel's memory instructions per pair over plain
-    flash's, all three kernels together). ``rep``: the committed report, read if not given."""
+    """``{"calibrated": {64: ratio, 128: ratio}, "no_overlap": {64: ratio, 128: ratio},
+    "memory": {kernel: share} (head_dim 64), "measured": ratio or None}`` for one modelled
+    method (:func:`runs`; ratios: plain flash's time over the method's; ``no_overlap``: the
+    uncalibrated bound that charges every instruction in turn; ``memory``: each kernel's memory
+    instructions per pair over plain flash's, all three kernels together). ``rep``: the
+    committed report, read if not given."""
     run = runs(method)
     rep = json.loads(GPU_REPORT.read_text()) if rep is None else rep
     params = calibrate.committed_params()
-    calibrated = {d: calibrate.predict(params, _model_row(rep, method, d)) for d in (64, 128)}
-    return dict(calibrated=calibrated, memory=_memory_by_kernel(rep, run, 64),
-                measured=_measured(method))  # fmt: skip
+    rows = {d: _model_row(rep, method, d) for d in (64, 128)}
+    return dict(calibrated={d: calibrate.predict(params, r) for d, r in rows.items()},
+                no_overlap={d: _no_overlap(r) for d, r in rows.items()},
+                memory=_memory_by_kernel(rep, run, 64), measured=_measured(method))  # fmt: skip
 
 
 def _times(ratio: float) -> str:
@@ -131,9 +148,11 @@ def print_fused_costs(methods: tuple[str, ...]) -> None:
         cost = fused_cost(m, rep) if modelled else dict(measured=_measured(m))
         print(f"  {_LABELS.get(m, m)}")
         if modelled:
-            cal = cost["calibrated"]
+            cal, bound = cost["calibrated"], cost["no_overlap"]
             print(f"    static model, calibrated (an estimate): {_times(cal[64])} at head_dim 64, "
                   f"{_times(cal[128])} at 128")  # fmt: skip
+            print(f"    static model, no-overlap bound (every instruction in turn, uncalibrated): "
+                  f"{_times(bound[64])} at head_dim 64, {_times(bound[128])} at 128")  # fmt: skip
         else:
             print(f"    static model: not modelled ({calibrate.UNMODELLED.get(m, '')})")
         if cost["measured"] is not None:

@@ -8,24 +8,29 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import textwrap
 from pathlib import Path
 
 __all__ = ["kernel_source", "source_excerpt", "show_source"]
 
 
 def kernel_source(module: str, function: str) -> str:
-    """The source text (decorators included) of ``function`` in ``course_lib.kernels.<module>``."""
-    spec = importlib.util.find_spec(f"course_lib.kernels.{module}")
+    """The source text (decorators included) of ``function`` in ``course_lib.kernels.<module>``,
+    or, for a dotted ``module`` such as ``"encodings.kerple"``, in ``course_lib.<module>`` (an
+    encoding's own kernel hooks, defined under its Triton guard, are found too)."""
+    name = f"course_lib.{module}" if "." in module else f"course_lib.kernels.{module}"
+    spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
-        raise ValueError(f"no kernel module course_lib.kernels.{module}")
+        raise ValueError(f"no module {name}")
     text = Path(spec.origin).read_text()
     lines = text.splitlines()
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name == function:
+    functions = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)]
+    for node in functions:
+        if node.name == function:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            return "\n".join(lines[first - 1 : node.end_lineno])
-    names = sorted(n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef))
-    raise ValueError(f"course_lib.kernels.{module} has no function {function!r}; it has {names}")
+            return textwrap.dedent("\n".join(lines[first - 1 : node.end_lineno]))
+    names = sorted({n.name for n in functions})
+    raise ValueError(f"{name} has no function {function!r}; it has {names}")
 
 
 def source_excerpt(source: str, start: str, end: str) -> str:
@@ -42,7 +47,7 @@ def source_excerpt(source: str, start: str, end: str) -> str:
 def show_source(
     module: str, function: str, start: str | None = None, end: str | None = None
 ) -> None:
-    """Print ``function`` of ``course_lib.kernels.<module>``, or the excerpt of it from the first
+    """Print ``function`` of ``course_lib.kernels.<module>`` (see :func:`kernel_source`), or the excerpt of it from the first
     line containing ``start`` to the next line containing ``end`` (both given, or neither)."""
     if (start is None) != (end is None):
         raise ValueError("give both start and end for an excerpt, or neither for the function")
