@@ -129,6 +129,17 @@ if kernels_available():
         return tl.abs(pos_k - pos_q)
 
     @triton.jit
+    def _add_sums(acc, d_r1, d_r2, QUERY_AXIS: tl.constexpr):
+        """``acc`` (``[2 keys]``, ``r1``'s and ``r2``'s sums interleaved) plus the tile's terms.
+        Keys as rows (``QUERY_AXIS == 1``, the flash dK/dV kernel): one pair of sums per key.
+        Queries as rows (the stick-breaking column kernel): the whole tile in slots 0 and 1,
+        which the reduction sums the same way (every other slot stays 0)."""
+        if QUERY_AXIS == 1:
+            return acc + tl.interleave(tl.sum(d_r1, axis=1), tl.sum(d_r2, axis=1))
+        slots = tl.arange(0, acc.shape[0])
+        return acc + tl.where(slots == 0, tl.sum(d_r1), tl.where(slots == 1, tl.sum(d_r2), 0.0))
+
+    @triton.jit
     def _log_term(distance, r2):
         """``log2(1 + r2 d)``: one approximate ``lg2`` per pair (see ``fast_math``)."""
         return fast_log2(1.0 + r2 * distance)
@@ -156,7 +167,7 @@ if kernels_available():
         distance = _distance_again(pos_q, pos_k)
         d_r1 = ds * (_log_term(distance, r2) * -0.6931471805599453)
         d_r2 = ds * (tl.fdiv(distance, 1.0 + r2 * distance, ieee_rounding=False) * -r1)
-        return acc + tl.interleave(tl.sum(d_r1, axis=QUERY_AXIS), tl.sum(d_r2, axis=QUERY_AXIS))
+        return _add_sums(acc, d_r1, d_r2, QUERY_AXIS)
 
     @triton.jit
     def _power_terms(distance, r2):
@@ -188,7 +199,7 @@ if kernels_available():
         powered, log2_d = _power_terms(_distance_again(pos_q, pos_k), tl.load(params + 1))
         d_r1 = -(ds * powered)
         d_r2 = d_r1 * (log2_d * (0.6931471805599453 * r1))
-        return acc + tl.interleave(tl.sum(d_r1, axis=QUERY_AXIS), tl.sum(d_r2, axis=QUERY_AXIS))
+        return _add_sums(acc, d_r1, d_r2, QUERY_AXIS)
 
     def _per_parameter(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
         """``[batch*heads, key blocks, 2 block]`` (``r1``'s and ``r2``'s sums of each key,
