@@ -202,8 +202,8 @@ if kernels_available():
         return _add_sums(acc, d_r1, d_r2, QUERY_AXIS)
 
     def _per_parameter(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
-        """``[batch*heads, key blocks, 2 block]`` (``r1``'s and ``r2``'s sums of each key,
-        interleaved) -> ``[heads, 2]``."""
+        """``[batch*heads, key blocks, 2 block]`` (``r1``'s and ``r2``'s sums interleaved: one
+        pair per key, or the tile's in the first pair, see ``_add_sums``) -> ``[heads, 2]``."""
         return partials.view(batch, heads, -1, 2).sum(dim=(0, 2))
 
     for _variant, _bias, _grad, _formula in (
