@@ -206,20 +206,25 @@ if kernels_available():
         pair per key, or the tile's in the first pair, see ``_add_sums``) -> ``[heads, 2]``."""
         return partials.view(batch, heads, -1, 2).sum(dim=(0, 2))
 
-    for _variant, _bias, _grad, _formula in (
-        ("log", kerple_log_bias, kerple_log_grad, "-r1 log(1 + r2 |p_i - p_j|)"),
-        ("power", kerple_power_bias, kerple_power_grad, "-r1 |p_i - p_j|^r2"),
-    ):
-        KERPLE_HOOKS[_variant] = BiasHook(
-            name=f"kerple_{_variant}",
-            formula=f"b_ij = {_formula}, (r1, r2) = per_head[h, :]",
-            bias=_bias,
-            grad=_grad,
+    def _hook(variant: str, formula: str, bias, grad) -> BiasHook:
+        """One variant's hook: ``per_head`` ``[heads, 2]``, an accumulator of two floats per key."""
+        return BiasHook(
+            name=f"kerple_{variant}",
+            formula=f"b_ij = {formula}, (r1, r2) = per_head[h, :]",
+            bias=bias,
+            grad=grad,
             param="per_head",
             reduce=_per_parameter,
             width=lambda options: 2,
             grad_width_fn=lambda block_keys, options: 2 * block_keys,
         )
+
+    KERPLE_HOOKS["log"] = _hook(
+        "log", "-r1 log(1 + r2 |p_i - p_j|)", kerple_log_bias, kerple_log_grad
+    )
+    KERPLE_HOOKS["power"] = _hook(
+        "power", "-r1 |p_i - p_j|^r2", kerple_power_bias, kerple_power_grad
+    )
 
 
 def kerple_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:

@@ -47,8 +47,9 @@ def source_excerpt(source: str, start: str, end: str) -> str:
 def show_source(
     module: str, function: str, start: str | None = None, end: str | None = None
 ) -> None:
-    """Print ``function`` of ``course_lib.kernels.<module>`` (see :func:`kernel_source`), or the excerpt of it from the first
-    line containing ``start`` to the next line containing ``end`` (both given, or neither)."""
+    """Print ``function`` of ``course_lib.kernels.<module>`` (see :func:`kernel_source`), or the
+    excerpt of it from the first line containing ``start`` to the next line containing ``end``
+    (both given, or neither)."""
     if (start is None) != (end is None):
         raise ValueError("give both start and end for an excerpt, or neither for the function")
     source = kernel_source(module, function)
