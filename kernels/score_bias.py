@@ -12,10 +12,10 @@ Hooks live with the encoding that uses them: each encoding file under ``course_l
 builds its :class:`BiasHook` behind the Triton-available guard and lists it in its registry record
 (``kernel_hooks``), which is how ``python -m course_lib.gpu_report`` finds every hook. There is no
 table of hook names anywhere. This module holds the contract, the reductions most gradients need
-(:func:`per_head_total`, :func:`per_head_slots`, :func:`per_token_columns`,
-:func:`diagonal_sums`), the kernels' own per-distance hook (:data:`DIAGONAL_TABLE`) and the bias
-formulas that several encodings share or that the chapters print (ALiBi's and RSE's linear
-distance, ExpoSB's distance factor, T5's buckets).
+(:func:`per_head_total`, :func:`per_head_interleaved`, :func:`per_head_slots`,
+:func:`per_token_columns`, :func:`diagonal_sums`), the kernels' own per-distance hook
+(:data:`DIAGONAL_TABLE`) and the bias formulas that several encodings share or that the
+chapters print (ALiBi's and RSE's linear distance, ExpoSB's distance factor, T5's buckets).
 
 The hook contract
 -----------------
@@ -40,12 +40,22 @@ kernel.
 
 ``grad(acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS, OPTIONS=None) -> acc``: add this
 tile's ``sum dS_ij * d b_ij / d theta`` to the float32 accumulator ``acc`` of shape
-``[GRAD_WIDTH]``; ``QUERY_AXIS`` is the tile axis that indexes queries (reduce over it to keep one
-value per key). Only the kernel that owns a key block calls it (flash dK/dV, stick-breaking
-columns), once per tile it visits; it starts from zeros and stores ``acc`` at
-``partials[batch*head, program, :]``, a float32 buffer ``[batch*heads, key blocks, GRAD_WIDTH]``
-(no atomics, so deterministic). After the launch :meth:`BiasHook.reduce_grad` turns the buffer
-into the parameter's gradient with torch. A hook whose sums do not fit one accumulator per
+``[GRAD_WIDTH]``, ``GRAD_WIDTH = grad_width_fn(rows)`` for the tile's ``rows`` (one partial sum
+per row by default); ``QUERY_AXIS`` is the tile axis that indexes queries. Only the kernel that
+owns a key block calls it (flash dK/dV, stick-breaking columns), once per tile it visits; it
+starts from zeros and stores ``acc`` at ``partials[batch*head, program, :]``, a float32 buffer
+``[batch*heads, key blocks, GRAD_WIDTH]`` (no atomics, so deterministic). After the launch
+:meth:`BiasHook.reduce_grad` turns the buffer into the parameter's gradient with torch.
+
+Sum along axis 1, the tile's columns: the kernels' tensor-core layouts spread a tile's rows over
+the warps and keep each row's columns within one warp, so a sum along axis 1 costs a few
+shuffles, where a sum along axis 0 (or over the whole tile) goes through shared memory with a
+block-wide barrier at every tile. The rows are keys in the flash dK/dV kernel (``QUERY_AXIS ==
+1``: a sum along axis 1 keeps one value per key) and queries in the stick-breaking column kernel
+(one value per query row). A learnable value per head (:func:`per_head_total`,
+:func:`per_head_interleaved`) is summed the same way in both; a sum per key
+(:func:`per_token_columns`) is a sum along axis 1 only in flash, so such a hook is for the flash
+family alone. A hook whose sums do not fit one accumulator per
 program (``grad_per_tile``: the per-diagonal table, whose tile sums land on distances that move
 with every tile) gets instead, as ``acc``, pointers to slots of its own (``GRAD_WIDTH`` floats
 each, at :func:`tile_slot`), stores its sums there and returns ``acc``. The slots are per square
@@ -133,7 +143,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fast_math import fast_log2
+from .fast_math import LOG2E, fast_log2
 
 __all__ = [
     "DIAGONAL_TABLE",
@@ -150,6 +160,7 @@ __all__ = [
     "linear_distance_bias",
     "linear_distance_grad",
     "linear_distance_split",
+    "per_head_interleaved",
     "per_head_slots",
     "per_head_total",
     "per_token_columns",
@@ -161,7 +172,6 @@ __all__ = [
     "tile_slot_count",
 ]
 
-LOG2E = 1.4426950408889634
 FAMILIES: tuple[str, ...] = ("flash", "stick_breaking")
 
 
@@ -203,8 +213,8 @@ class BiasHook:
     batch, heads, shape, tiles) -> grad`` (see the reductions below). ``options``: the names of
     its compile-time options (``ScoreBias.options``), turned into the kernels' ``BIAS_OPTIONS``
     tuple by ``to_kernel``; ``example_options`` are valid ones (for the report).
-    ``grad_width_fn(block_keys, options)``: the accumulator width (default: one partial sum per
-    key column). ``grad_per_tile``: the gradient is written per square sub-tile (see the
+    ``grad_width_fn(block_rows, options)``: the accumulator width for tiles of ``block_rows``
+    rows (default: one partial sum per row; see the contract). ``grad_per_tile``: the gradient is written per square sub-tile (see the
     contract). ``families``: the kernel families that take it.
     ``query_row_sums``: a ``per_token`` bias of the form ``b_ij = a_i - a_j`` whose query side
     ``d loss / d a_i = sum_j dS_ij`` is added by the flash dQ kernel (see below). ``split``:
@@ -336,12 +346,14 @@ class BiasHook:
             return tensor.reshape(-1)[(tensor.shape[-1] - 1) // 2 :]
         return tensor
 
-    def grad_width(self, block_keys: int, options: Mapping | None = None) -> int:
-        """Width of the gradient accumulator (per program, or per slot with ``grad_per_tile``,
-        ``block_keys`` then the side of the square sub-tiles; default: one per key column)."""
+    def grad_width(self, block_rows: int, options: Mapping | None = None) -> int:
+        """Width of the gradient accumulator for tiles of ``block_rows`` rows (keys in the flash
+        dK/dV kernel, queries in the stick-breaking column kernel), per program, or per slot
+        with ``grad_per_tile`` (``block_rows`` then the side of the square sub-tiles); default:
+        one per row."""
         if self.grad_width_fn is None:
-            return block_keys
-        return self.grad_width_fn(block_keys, dict(options or {}))
+            return block_rows
+        return self.grad_width_fn(block_rows, dict(options or {}))
 
     def reduce_grad(
         self, partials: torch.Tensor, batch: int, heads: int, shape, tiles: GradTiles | None
@@ -362,6 +374,13 @@ def per_head_total(partials, batch: int, heads: int, shape, tiles=None) -> torch
     """``[batch*heads, blocks, width]`` -> ``[heads]``: everything of a head summed (a bias
     with one learnable value per head, whatever the accumulator's width)."""
     return partials.view(batch, heads, -1).sum(dim=(0, 2))
+
+
+def per_head_interleaved(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
+    """``[batch*heads, blocks, width]`` -> ``[heads, n]`` (``shape`` ``[heads, n]``): the
+    accumulator holds ``n`` sums per row, interleaved (``acc[n r + k]``: row ``r``'s sum for
+    value ``k``, built with ``tl.interleave``), and every row's ``k``-th sum is added up."""
+    return partials.view(batch, heads, -1, shape[-1]).sum(dim=(0, 2))
 
 
 def per_head_slots(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
@@ -529,7 +548,7 @@ DIAGONAL_TABLE = BiasHook(
     grad=diagonal_table_grad,
     param="per_diagonal",
     reduce=diagonal_sums,
-    grad_width_fn=lambda block_keys, options: 2 * block_keys,
+    grad_width_fn=lambda block_rows, options: 2 * block_rows,
     grad_per_tile=True,
     far=diagonal_table_far,
     far_reduce=diagonal_far_reduce,
@@ -554,7 +573,7 @@ def linear_distance_bias(
     """``-slope * |p_i - p_j|`` with ``slope = per_head[h]`` (times ``log2 e`` if ``BASE2``)."""
     slope = tl.load(params)
     if BASE2:
-        slope = slope * 1.4426950408889634
+        slope = slope * LOG2E
     return -slope * tl.abs(pos_q - pos_k)
 
 
@@ -565,7 +584,7 @@ def linear_distance_split(
     """Where ``p_j <= p_i``, ``-slope (p_i - p_j) log2 e`` = ``u_i + w_j`` with ``u_i = -slope
     log2(e) (p_i - p_ref)`` (``QUERY``) and ``w_j = slope log2(e) (p_j - p_ref)``: one multiply
     per token, none per pair."""
-    value = (tl.load(params) * 1.4426950408889634) * (pos - ref_pos)
+    value = (tl.load(params) * LOG2E) * (pos - ref_pos)
     if QUERY:
         value = -value
     return value
@@ -576,9 +595,9 @@ def linear_distance_grad(
     acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
     OPTIONS: tl.constexpr = None,
 ):  # fmt: skip
-    """Per key column: ``acc_j -= sum_i dS_ij |p_i - p_j|`` (as ``d b_ij / d slope``
-    is ``-|p_i - p_j|``)."""
-    return acc - tl.sum(ds * tl.abs(pos_q - pos_k), axis=QUERY_AXIS)
+    """Per row of the tile: ``acc_r -= sum_c dS_rc |p_i - p_j|`` (as ``d b_ij / d slope`` is
+    ``-|p_i - p_j|``); :func:`per_head_total` adds up every row."""
+    return acc - tl.sum(ds * tl.abs(pos_q - pos_k), axis=1)
 
 
 # --------------------------------------------------------------------------------------------

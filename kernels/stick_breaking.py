@@ -1837,7 +1837,8 @@ def stick_breaking_backward(
     ckpt_stride = (slots_left + slots_right) * bm
     ckpt_r = torch.empty((batch * heads, ckpt_stride), dtype=ckpt_dtype, device=q.device)
     ckpt_f = torch.empty_like(ckpt_r)
-    grad_width = a.hook.grad_width(bn) if bias_grad else 1
+    # one slot per row of the column kernel's tiles, which are queries there (see score_bias)
+    grad_width = a.hook.grad_width(bm) if bias_grad else 1
     # the gradient's partial sums: one slot per program, or per tile (zeros: not every tile is
     # visited)
     tiles = GradTiles(bn, num_kb, 1 if causal else 2) if per_tile else None

@@ -209,6 +209,30 @@ def test_offset_linear_distance_hook(family, causal):
     """``ScoreBias("offset_linear_distance", stack((lambda, beta), -1))`` in the kernels against
     the explicit formula: output and the gradients of q, k, v, lambda and beta (through the
     ``[heads, 2]`` table)."""
+    _check_offset_hook(family, causal)
+
+
+@needs_kernels
+@pytest.mark.parametrize("causal", [True, False])
+def test_offset_linear_distance_hook_on_tall_backward_tiles(monkeypatch, causal):
+    """Backward tiles of 32 queries by 16 keys in the stick-breaking kernels (as on sm_90 with a
+    score bias): the column kernel's tiles have queries as rows, and the hook's accumulator holds
+    two sums per row, 2 x 32 floats per program, not 2 x 16."""
+    from course_lib import runtime
+
+    kernels = runtime.load_kernel_module("stick_breaking")
+    original = kernels.pick_config
+
+    def tall(*args, **kwargs):
+        cfg = original(*args, **kwargs)
+        cfg.block_m, cfg.block_n, cfg.block_bwd, cfg.block_bwd_n = 16, 16, 32, 16
+        return cfg
+
+    monkeypatch.setattr(kernels, "pick_config", tall)
+    _check_offset_hook("stick_breaking", causal)
+
+
+def _check_offset_hook(family: str, causal: bool) -> None:
     from course_lib.flash_ops import flash_attention
     from course_lib.stick_ops import stick_breaking_attention
 

@@ -29,7 +29,7 @@ def linear_distance_bias(
 LINEAR_DISTANCE = None
 """The kernels' hook ``b_ij = -per_head[h] * |p_i - p_j|`` (``per_head`` ``[heads]``, learnable):
 the distance is taken in registers from the positions, and the gradient of ``per_head`` is
-``-sum_ij dS_ij |p_i - p_j|``, one partial sum per key column. None without Triton."""
+``-sum_ij dS_ij |p_i - p_j|``, one partial sum per row of each tile. None without Triton."""
 if kernels_available():
     from course_lib.kernels import score_bias as _library
 

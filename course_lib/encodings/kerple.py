@@ -25,7 +25,7 @@ The bias is a function of the distance alone, written here in plain torch (``dis
 the reference builds ``b`` from it. The fused kernels of both families compute it per pair from
 the positions, in registers, with the kernel hooks below (one per variant: ``log2`` of
 ``1 + r2 d``, or ``2^(r2 log2 d)``, one or two special-function instructions per pair and no
-table), and sum its two parameters' gradients per key column::
+table), and sum its two parameters' gradients per row of each tile::
 
     log:    d b / d r1 = -log(1 + r2 d)      d b / d r2 = -r1 d / (1 + r2 d)
     power:  d b / d r1 = -d^r2               d b / d r2 = -r1 d^r2 log d     (0 at d = 0)
@@ -115,8 +115,8 @@ if kernels_available():
     import triton
     import triton.language as tl
 
-    from course_lib.kernels.fast_math import fast_log2
-    from course_lib.kernels.score_bias import BiasHook
+    from course_lib.kernels.fast_math import LN2, LOG2E, fast_log2
+    from course_lib.kernels.score_bias import BiasHook, per_head_interleaved
 
     @triton.jit
     def _distance_again(pos_q, pos_k):
@@ -129,15 +129,11 @@ if kernels_available():
         return tl.abs(pos_k - pos_q)
 
     @triton.jit
-    def _add_sums(acc, d_r1, d_r2, QUERY_AXIS: tl.constexpr):
-        """``acc`` (``[2 keys]``, ``r1``'s and ``r2``'s sums interleaved) plus the tile's terms.
-        Keys as rows (``QUERY_AXIS == 1``, the flash dK/dV kernel): one pair of sums per key.
-        Queries as rows (the stick-breaking column kernel): the whole tile in slots 0 and 1,
-        which the reduction sums the same way (every other slot stays 0)."""
-        if QUERY_AXIS == 1:
-            return acc + tl.interleave(tl.sum(d_r1, axis=1), tl.sum(d_r2, axis=1))
-        slots = tl.arange(0, acc.shape[0])
-        return acc + tl.where(slots == 0, tl.sum(d_r1), tl.where(slots == 1, tl.sum(d_r2), 0.0))
+    def _add_sums(acc, d_r1, d_r2):
+        """``acc`` (``[2 rows]``: ``r1``'s and ``r2``'s sums interleaved, one pair per row of
+        the tile) plus the tile's terms summed along its columns, within each warp (keys are
+        the rows in flash's dK/dV kernel, queries in stick-breaking's column kernel)."""
+        return acc + tl.interleave(tl.sum(d_r1, axis=1), tl.sum(d_r2, axis=1))
 
     @triton.jit
     def _log_term(distance, r2):
@@ -152,7 +148,7 @@ if kernels_available():
         ``per_head[h, :]``."""
         r1 = tl.load(params)
         if not BASE2:
-            r1 = r1 * 0.6931471805599453
+            r1 = r1 * LN2
         return -r1 * _log_term(tl.abs(pos_q - pos_k), tl.load(params + 1))
 
     @triton.jit
@@ -165,9 +161,9 @@ if kernels_available():
         r1 = tl.load(params)
         r2 = tl.load(params + 1)
         distance = _distance_again(pos_q, pos_k)
-        d_r1 = ds * (_log_term(distance, r2) * -0.6931471805599453)
+        d_r1 = ds * (_log_term(distance, r2) * -LN2)
         d_r2 = ds * (tl.fdiv(distance, 1.0 + r2 * distance, ieee_rounding=False) * -r1)
-        return _add_sums(acc, d_r1, d_r2, QUERY_AXIS)
+        return _add_sums(acc, d_r1, d_r2)
 
     @triton.jit
     def _power_terms(distance, r2):
@@ -184,7 +180,7 @@ if kernels_available():
         ``per_head[h, :]``."""
         r1 = tl.load(params)
         if BASE2:
-            r1 = r1 * 1.4426950408889634
+            r1 = r1 * LOG2E
         powered, _ = _power_terms(tl.abs(pos_q - pos_k), tl.load(params + 1))
         return -r1 * powered
 
@@ -198,25 +194,20 @@ if kernels_available():
         r1 = tl.load(params)
         powered, log2_d = _power_terms(_distance_again(pos_q, pos_k), tl.load(params + 1))
         d_r1 = -(ds * powered)
-        d_r2 = d_r1 * (log2_d * (0.6931471805599453 * r1))
-        return _add_sums(acc, d_r1, d_r2, QUERY_AXIS)
-
-    def _per_parameter(partials, batch: int, heads: int, shape, tiles=None) -> torch.Tensor:
-        """``[batch*heads, key blocks, 2 block]`` (``r1``'s and ``r2``'s sums interleaved: one
-        pair per key, or the tile's in the first pair, see ``_add_sums``) -> ``[heads, 2]``."""
-        return partials.view(batch, heads, -1, 2).sum(dim=(0, 2))
+        d_r2 = d_r1 * (log2_d * (LN2 * r1))
+        return _add_sums(acc, d_r1, d_r2)
 
     def _hook(variant: str, formula: str, bias, grad) -> BiasHook:
-        """One variant's hook: ``per_head`` ``[heads, 2]``, an accumulator of two floats per key."""
+        """One variant's hook: ``per_head`` ``[heads, 2]``, an accumulator of two floats per row."""
         return BiasHook(
             name=f"kerple_{variant}",
             formula=f"b_ij = {formula}, (r1, r2) = per_head[h, :]",
             bias=bias,
             grad=grad,
             param="per_head",
-            reduce=_per_parameter,
+            reduce=per_head_interleaved,
             width=lambda options: 2,
-            grad_width_fn=lambda block_keys, options: 2 * block_keys,
+            grad_width_fn=lambda block_rows, options: 2 * block_rows,
         )
 
     KERPLE_HOOKS["log"] = _hook(

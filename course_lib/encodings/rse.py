@@ -58,7 +58,8 @@ if kernels_available():
     import triton
     import triton.language as tl
 
-    from course_lib.kernels.score_bias import BiasHook, per_head_slots
+    from course_lib.kernels.fast_math import LOG2E
+    from course_lib.kernels.score_bias import BiasHook, per_head_interleaved
 
     @triton.jit
     def offset_linear_distance_bias(
@@ -69,8 +70,8 @@ if kernels_available():
         slope = tl.load(params)
         offset = tl.load(params + 1)
         if BASE2:
-            slope = slope * 1.4426950408889634
-            offset = offset * 1.4426950408889634
+            slope = slope * LOG2E
+            offset = offset * LOG2E
         return offset - slope * tl.abs(pos_q - pos_k)
 
     @triton.jit
@@ -78,12 +79,11 @@ if kernels_available():
         acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
         OPTIONS: tl.constexpr = None,
     ):  # fmt: skip
-        """``acc[0] -= sum_ij dS_ij |p_i - p_j|`` (``d b_ij / d slope = -|p_i - p_j|``) and
-        ``acc[1] += sum_ij dS_ij`` (``d b_ij / d offset = 1``): the whole tile in two sums."""
-        d_slope = -tl.sum(ds * tl.abs(pos_q - pos_k))
-        d_offset = tl.sum(ds)
-        slots = tl.arange(0, acc.shape[0])
-        return acc + tl.where(slots == 0, d_slope, d_offset)
+        """Per row ``r`` of the tile: ``acc[2 r] -= sum_c dS_rc |p_i - p_j|`` (``d b_ij /
+        d slope = -|p_i - p_j|``) and ``acc[2 r + 1] += sum_c dS_rc`` (``d b_ij / d offset =
+        1``), summed along the tile's columns, within each warp."""
+        d_slope = -tl.sum(ds * tl.abs(pos_q - pos_k), axis=1)
+        return acc + tl.interleave(d_slope, tl.sum(ds, axis=1))
 
     OFFSET_LINEAR_DISTANCE = BiasHook(
         name="offset_linear_distance",
@@ -91,9 +91,9 @@ if kernels_available():
         bias=offset_linear_distance_bias,
         grad=offset_linear_distance_grad,
         param="per_head",
-        reduce=per_head_slots,
+        reduce=per_head_interleaved,
         width=lambda options: 2,
-        grad_width_fn=lambda block_keys, options: 2,
+        grad_width_fn=lambda block_rows, options: 2 * block_rows,
     )
 
 

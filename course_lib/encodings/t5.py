@@ -187,7 +187,7 @@ if kernels_available():
         options=("num_buckets", "max_distance", "bidirectional"),
         to_kernel=_library.t5_kernel_options,
         width=lambda options: options["num_buckets"],
-        grad_width_fn=lambda block_keys, options: triton.next_power_of_2(options["num_buckets"]),
+        grad_width_fn=lambda block_rows, options: triton.next_power_of_2(options["num_buckets"]),
         families=("flash",),
         example_options={"num_buckets": 32, "max_distance": 128, "bidirectional": False},
     )
