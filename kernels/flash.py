@@ -798,10 +798,9 @@ def _flash_bwd_dkdv_kernel(
     ``GRAD_PER_TILE`` (``BLOCK_N`` a multiple of ``BLOCK_M``), one slot per ``BLOCK_M`` x
     ``BLOCK_M`` sub-tile instead, ``DBIAS[batch*head, 1 + tile slot, :GRAD_WIDTH]``
     (``grad_slots`` of them per (batch, head), after a scratch slot for sub-tiles that have
-    none). With
-    ``BIAS_FAR`` (causal), the query blocks at least ``far_reach`` tokens after the block's last
-    key run without the hook, ``FAR_BLOCK_M`` queries per tile (a multiple of ``BLOCK_M``); the
-    dQ kernel sums their ``dS`` for the bias's gradient.
+    none). With ``BIAS_FAR`` (causal), the query blocks at least ``far_reach`` tokens after the
+    block's last key run without the hook, ``FAR_BLOCK_M`` queries per tile (a multiple of
+    ``BLOCK_M``); the dQ kernel sums their ``dS`` for the bias's gradient.
     """
     pid_n, pid_bh, Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS = _program_setup(
         Q, K, V, DO, POS, KPM, COS, SIN, KCOS, KSIN, BIAS, stride_qb, stride_qh, stride_kb,

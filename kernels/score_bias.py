@@ -143,7 +143,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fast_math import LOG2E, fast_log2
+from .fast_math import LN2, LOG2E, fast_log2
 
 __all__ = [
     "DIAGONAL_TABLE",
@@ -474,7 +474,7 @@ def diagonal_table_bias(
     (batch, head)'s row of the ``[1 or batch, heads, 2 seq - 1]`` table."""
     value = tl.load(params + (idx_q - idx_k))
     if BASE2:
-        value = value * 1.4426950408889634
+        value = value * LOG2E
     return value
 
 
@@ -523,7 +523,7 @@ def diagonal_table_grad(
 def diagonal_table_far(params, reach, OPTIONS: tl.constexpr = None):
     """``table[reach] log2 e``: the bias of every pair with ``i - j >= reach``, for a table that
     no longer changes past that diagonal (``ScoreBias.far_reach``)."""
-    return tl.load(params + reach) * 1.4426950408889634
+    return tl.load(params + reach) * LOG2E
 
 
 def diagonal_far_reduce(grad, sums, reach: int, shape) -> torch.Tensor:
@@ -623,7 +623,7 @@ def exposb_distance_bias(
     log2_factor = fast_log2(exposb_distance_factor(idx_q, idx_k, pos_q, pos_k, params))
     if BASE2:
         return log2_factor
-    return log2_factor * 0.6931471805599453
+    return log2_factor * LN2
 
 
 # --------------------------------------------------------------------------------------------
@@ -698,7 +698,7 @@ def t5_buckets_bias(
     this head's row of the ``[heads, num_buckets]`` table."""
     value = tl.load(params + _t5_bucket(pos_q - pos_k, OPTIONS))
     if BASE2:
-        value = value * 1.4426950408889634
+        value = value * LOG2E
     return value
 
 

@@ -1243,7 +1243,7 @@ def _cols_tile(
     if BIAS_GRAD_FN is not None and GRAD_PER_TILE:  # queries are axis 0 of these tiles
         slot = tile_slot(pid_n, m, num_m, 0 if LEFT else 1)
         BIAS_GRAD_FN(
-            dbias + tl.full([1], slot, tl.int32) * GRAD_WIDTH, dz, tl.minimum(rows, seq_len - 1)[:, None],
+            dbias + slot * GRAD_WIDTH, dz, tl.minimum(rows, seq_len - 1)[:, None],
             tl.minimum(cols, seq_len - 1)[None, :], pos_i[:, None], pos_j[None, :],
             bias_params, 0,
         )  # fmt: skip

@@ -97,6 +97,7 @@ if kernels_available():
     import triton
     import triton.language as tl
 
+    from course_lib.kernels.fast_math import LOG2E
     from course_lib.kernels.score_bias import BiasHook, per_token_columns
 
     @triton.jit
@@ -107,7 +108,7 @@ if kernels_available():
         head)'s ``c`` ``[seq]``, read at the token indices."""
         value = tl.load(params + idx_q) - tl.load(params + idx_k)
         if BASE2:
-            value = value * 1.4426950408889634
+            value = value * LOG2E
         return value
 
     @triton.jit
@@ -129,7 +130,7 @@ if kernels_available():
         (c_ref - c_j) log2 e``, read once per token of a tile. ``c`` never increases (every
         ``log f <= 0``), so from a token between key and query each part is no larger than
         ``|c_i - c_j|``."""
-        value = (tl.load(params + idx) - tl.load(params + ref_idx)) * 1.4426950408889634
+        value = (tl.load(params + idx) - tl.load(params + ref_idx)) * LOG2E
         if not QUERY:
             value = -value
         return value
