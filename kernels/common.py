@@ -46,6 +46,7 @@ __all__ = [
     "dot_precision",
     "gpu_arch",
     "planned_launches",
+    "position_line",
     "prepare_launch",
     "run_launch",
     "smem_per_block",
@@ -444,3 +445,17 @@ def prepare_launch(
         bias_options=None if hook is None else hook.kernel_options(bias_options),
         bias_shape=bias_shape,
     )
+
+
+@triton.jit
+def position_line(POS, seq_len, POS_AFFINE: tl.constexpr):
+    """``(p_0, step)`` of this sequence's positions when they are ``p_0 + step * index``
+    (``POS_AFFINE``), else zeros (unused). Read once per program, before the loops: a loop that
+    stores (the backward kernels' checkpoints) keeps the compiler from hoisting loads out of
+    it, so a load per tile stays one."""
+    pos0 = 0.0
+    pos_step = 0.0
+    if POS_AFFINE:
+        pos0 = tl.load(POS)
+        pos_step = tl.load(POS + 1, mask=seq_len > 1, other=0.0) - pos0
+    return pos0, pos_step

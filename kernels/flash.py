@@ -64,6 +64,7 @@ from .common import (
     check_launch_inputs,
     dot_precision,
     gpu_arch,
+    position_line,
     prepare_launch,
     run_launch,
     smem_per_block,
@@ -107,18 +108,6 @@ def _scores(q1, q2, k1, k2, PAIR_HALVES: tl.constexpr, DOT_PRECISION: tl.constex
     if PAIR_HALVES:
         s = tl.dot(q2, tl.trans(k2), s, input_precision=DOT_PRECISION)
     return s
-
-
-@triton.jit
-def _position_line(POS, seq_len, POS_AFFINE: tl.constexpr):
-    """``(p_0, step)`` of this sequence's positions when they are ``p_0 + step * index``
-    (``POS_AFFINE``), else zeros (unused)."""
-    pos0 = 0.0
-    pos_step = 0.0
-    if POS_AFFINE:
-        pos0 = tl.load(POS)
-        pos_step = tl.load(POS + 1, mask=seq_len > 1, other=0.0) - pos0
-    return pos0, pos_step
 
 
 @triton.jit
@@ -452,7 +441,7 @@ def _flash_fwd_kernel(
     ref_pos = 0.0
     if BIAS_SPLIT is not None:
         ref_pos = tl.load(POS + ref_idx)
-    pos0, pos_step = _position_line(POS, seq_len, POS_AFFINE)
+    pos0, pos_step = position_line(POS, seq_len, POS_AFFINE)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (base 2)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
@@ -832,7 +821,7 @@ def _flash_bwd_dkdv_kernel(
     # once here
     ref_idx = tl.minimum(pid_n * BLOCK_N + BLOCK_N - 1, seq_len - 1)
     ref_pos = 0.0
-    pos0, pos_step = _position_line(POS, seq_len, POS_AFFINE)
+    pos0, pos_step = position_line(POS, seq_len, POS_AFFINE)
     key_part = 0.0
     if BIAS_SPLIT is not None:
         ref_pos = tl.load(POS + ref_idx)
@@ -1133,7 +1122,7 @@ def _flash_bwd_dq_kernel(
     ref_idx = tl.minimum(pid_m * BLOCK_M, seq_len - 1)
     ref_pos = 0.0
     lse_split = lse
-    pos0, pos_step = _position_line(POS, seq_len, POS_AFFINE)
+    pos0, pos_step = position_line(POS, seq_len, POS_AFFINE)
     if BIAS_SPLIT is not None:
         ref_pos = tl.load(POS + ref_idx)
         lse_split = lse - BIAS_SPLIT(

@@ -113,6 +113,7 @@ from .common import (
     check_launch_inputs,
     dot_precision,
     gpu_arch,
+    position_line,
     prepare_launch,
     run_launch,
     smem_per_block,
@@ -333,25 +334,31 @@ def _row_positions(
     pos_base, rows, row_ok, ROWS: tl.constexpr, BIAS_FN: tl.constexpr,
     POS_AFFINE: tl.constexpr = False,
 ):  # fmt: skip
-    """The positions of ``rows`` (float32), only when a score bias needs them: read, or with
-    ``POS_AFFINE`` computed from the sequence's first two (:func:`_affine_positions`)."""
+    """The positions of ``rows`` (float32), only when a score bias needs them. ``pos_base``:
+    this sequence's positions, read; with ``POS_AFFINE``, their ``(p_0, step)`` instead
+    (:func:`_positions_source`), and ``p_0 + step * row`` is computed (exact integers in
+    float32; rows past the end get positions past the last, and their pairs are masked)."""
     if BIAS_FN is None:
         pos = tl.zeros([ROWS], dtype=tl.float32)
     elif POS_AFFINE:
-        pos = _affine_positions(pos_base, rows)
+        pos = pos_base[0] + pos_base[1] * rows.to(tl.float32)
     else:
         pos = tl.load(pos_base + rows, mask=row_ok, other=0.0)
     return pos
 
 
 @triton.jit
-def _affine_positions(pos_base, index):
-    """``p_0 + step * index`` for a sequence whose positions step by a constant (``step = p_1 -
-    p_0``; exact integers in float32): two scalar loads where a tile would read a vector. The
-    wrappers guarantee at least two tokens per sequence when ``POS_AFFINE``; indices past the end
-    get positions past the last (their pairs are masked)."""
-    p0 = tl.load(pos_base)
-    return p0 + (tl.load(pos_base + 1) - p0) * index.to(tl.float32)
+def _positions_source(pos_base, seq_len, POS_AFFINE: tl.constexpr):
+    """What :func:`_row_positions` reads positions from: the pointer, or with ``POS_AFFINE`` the
+    sequence's ``(p_0, step)``, read here once per program (``common.position_line``; the
+    row kernel's loop stores checkpoints, which keeps the compiler from hoisting a load per
+    tile out of it: RSE's penalty at head_dim 64 on sm_90, 6 memory instructions per
+    iteration)."""
+    if POS_AFFINE:
+        source = position_line(pos_base, seq_len, POS_AFFINE)
+    else:
+        source = pos_base
+    return source
 
 
 @triton.jit
@@ -791,6 +798,7 @@ def _stick_fwd_kernel(
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
+    pos_base = _positions_source(pos_base, seq_len, POS_AFFINE)
     pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN, POS_AFFINE=POS_AFFINE)
     q = _load_rotated(
         q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
@@ -1103,6 +1111,7 @@ def _stick_bwd_rows_kernel(
     row_ok = rows < seq_len
     d = tl.arange(0, HEAD_DIM)
     gain = _channel_gain(gain_ptr, HEAD_DIM, HAS_GAIN)
+    pos_base = _positions_source(pos_base, seq_len, POS_AFFINE)
     pos_i = _row_positions(pos_base, rows, row_ok, BLOCK_M, BIAS_FN, POS_AFFINE=POS_AFFINE)
     q = _load_rotated(
         q_base, rows, row_ok, stride_qs, stride_qd, cos_base, sin_base, HALF_LAYOUT,
