@@ -55,16 +55,16 @@ block-wide barrier at every tile. The rows are keys in the flash dK/dV kernel (`
 (one value per query row). A learnable value per head (:func:`per_head_total`,
 :func:`per_head_interleaved`) is summed the same way in both; a sum per key
 (:func:`per_token_columns`) is a sum along axis 1 only in flash, so such a hook is for the flash
-family alone. A hook whose sums do not fit one accumulator per
-program (``grad_per_tile``: the per-diagonal table, whose tile sums land on distances that move
-with every tile) gets instead, as ``acc``, pointers to slots of its own (``GRAD_WIDTH`` floats
-each, at :func:`tile_slot`), stores its sums there and returns ``acc``. The slots are per square
-sub-tile of side ``G``: a tile whose rows are keys (``QUERY_AXIS == 1``) may hold ``R`` key
-sub-blocks of ``G`` keys stacked along its rows (``[R G, G]``, the flash dK/dV kernel's tall
-tiles) and ``acc`` is then ``[R]``, one slot per sub-tile; a tile whose rows are queries is
-square and ``acc`` is ``[1]``. A sub-tile the buffer has no slot for (wholly above a causal
-diagonal, past the last key, or with a far reach in a group whose diagonals all lie past it)
-gets a scratch slot that nothing reads.
+family alone. A hook whose sums do not fit one accumulator per program (``grad_per_tile``: the
+per-diagonal table, whose tile sums land on distances that move with every tile) gets instead,
+as ``acc``, pointers to slots of its own (``GRAD_WIDTH`` floats each, at :func:`tile_slot`),
+stores its sums there and returns ``acc``. The slots are per square sub-tile of side ``G``: a
+tile whose rows are keys (``QUERY_AXIS == 1``) may hold ``R`` key sub-blocks of ``G`` keys
+stacked along its rows (``[R G, G]``, the flash dK/dV kernel's tall tiles) and ``acc`` is then
+``[R]``, one slot per sub-tile; a tile whose rows are queries is square and ``acc`` is ``[1]``.
+A sub-tile the buffer has no slot for (wholly above a causal diagonal, past the last key, or
+with a far reach in a group whose diagonals all lie past it) gets a scratch slot that nothing
+reads.
 
 ``dS_ij = d loss / d logit_ij`` is the matrix the backward kernels already form (softmax:
 ``P (dP - delta)``; stick-breaking: ``dz``).
@@ -213,9 +213,9 @@ class BiasHook:
     batch, heads, shape, tiles) -> grad`` (see the reductions below). ``options``: the names of
     its compile-time options (``ScoreBias.options``), turned into the kernels' ``BIAS_OPTIONS``
     tuple by ``to_kernel``; ``example_options`` are valid ones (for the report).
-    ``grad_width_fn(block_rows, options)``: the accumulator width for tiles of ``block_rows``
-    rows (default: one partial sum per row; see the contract). ``grad_per_tile``: the gradient is written per square sub-tile (see the
-    contract). ``families``: the kernel families that take it.
+    ``grad_width_fn(block_rows, options)``: the accumulator width for tiles of ``block_rows`` rows
+    (default: one partial sum per row; see the contract). ``grad_per_tile``: the gradient is
+    written per square sub-tile (see the contract). ``families``: the kernel families that take it.
     ``query_row_sums``: a ``per_token`` bias of the form ``b_ij = a_i - a_j`` whose query side
     ``d loss / d a_i = sum_j dS_ij`` is added by the flash dQ kernel (see below). ``split``:
     the bias as a query part plus a key part (see the contract), valid for every pair or, with
