@@ -228,6 +228,41 @@ STICK_BREAKING = KernelFamily(
 )
 
 
+def _tuned_tiles(
+    family: KernelFamily,
+    kernels,
+    pass_: str,
+    q: torch.Tensor,
+    call: KernelCall,
+    causal: bool,
+    run,
+    *,
+    bias_grad: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> dict:
+    """The tiles of one pass, as launcher arguments: none (the family's static pick) except on
+    a CUDA GPU, where the first call of each key times the family's candidates on this call's
+    inputs with ``run(tiles)`` and later calls reuse the fastest (``kernels/tuning.py``)."""
+    tuning = load_kernel_module("tuning")
+    if not tuning.active(q.device):
+        return {}
+    _, _, seq, head_dim = q.shape
+    hook = call.hook
+    per_tile = bias_grad and hook is not None and bool(hook.grad_per_tile)
+    key = (
+        family.name, pass_, str(q.device), head_dim, str(q.dtype).removeprefix("torch."),
+        causal, None if hook is None else hook.name, repr(sorted((call.bias_options or {}).items())),
+        bias_grad, call.mask is not None, call.positions_affine, call.positions_ordered,
+        call.far_reach is not None, None if out_dtype is None else str(out_dtype),
+        tuning.length_bucket(seq),
+    )  # fmt: skip
+    candidates = kernels.tuning_candidates(
+        pass_, head_dim, q.dtype, q.device, causal=causal, biased=hook is not None,
+        per_tile=per_tile,
+    )  # fmt: skip
+    return tuning.choose(key, candidates, run)
+
+
 class _FusedAttentionFunction(torch.autograd.Function):
     """Forward saves q, k, v and what the family's backward needs (flash: the output and its
     per-row log-sum-exp; stick-breaking: each stick's total); backward recomputes the tiles.
@@ -256,7 +291,12 @@ class _FusedAttentionFunction(torch.autograd.Function):
         )
         extra = {"out_dtype": torch.float32} if keep_fp32 else {}
         loop_options = dict(options, qk_tables=None)  # q and k are q', k' now
-        out, state = launch(q, k, v, call.positions, call.mask, **loop_options, **extra)
+        args = (q, k, v, call.positions, call.mask)
+        tiles = _tuned_tiles(
+            family, kernels, "forward", q, call, options["causal"],
+            lambda t: launch(*args, **loop_options, **extra, **t), out_dtype=extra.get("out_dtype"),
+        )  # fmt: skip
+        out, state = launch(*args, **loop_options, **extra, **tiles)
         ctx.save_for_backward(
             q, k, v, *((out, state) if family.backward_takes_output else (state,))
         )
@@ -270,10 +310,14 @@ class _FusedAttentionFunction(torch.autograd.Function):
         call = ctx.call
         kernels = load_kernel_module(ctx.family.module)
         want_bias_grad = ctx.needs_input_grad[3]
-        dq, dk, dv, dparams = getattr(kernels, ctx.family.backward)(
-            grad_out, q, k, v, *saved, call.positions, call.mask, bias_grad=want_bias_grad,
-            encoded=True, **ctx.options,
+        launch = getattr(kernels, ctx.family.backward)
+        args = (grad_out, q, k, v, *saved, call.positions, call.mask)
+        options = dict(ctx.options, bias_grad=want_bias_grad, encoded=True)
+        tiles = _tuned_tiles(
+            ctx.family, kernels, "backward", q, call, options["causal"],
+            lambda t: launch(*args, **options, **t), bias_grad=want_bias_grad,
         )  # fmt: skip
+        dq, dk, dv, dparams = launch(*args, **options, **tiles)
         d_bias = dparams.to(call.bias_tensor.dtype) if want_bias_grad else None
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_bias, None, None, None
 

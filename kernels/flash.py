@@ -1315,10 +1315,7 @@ def pick_config(
     arch = gpu_arch(device)
     if arch is None:
         return FlashConfig(*_INTERPRETER_CONFIGS[kernel])
-    if dtype == torch.float32:
-        family = "fp32"
-    else:
-        family = "16bit-wide" if head_dim >= 128 else "16bit"
+    family = _tile_family(head_dim, dtype)
     carried = ("per_tile", "bias") if per_tile else ("bias",) if bias else ("plain",)
     small = smem_class(device)
     block_m, block_n, num_warps, num_stages = next(
@@ -1338,6 +1335,87 @@ def pick_config(
         if config is not None
     )
     return FlashConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
+
+
+def _tile_family(head_dim: int, dtype: torch.dtype) -> str:
+    """The tile tables' family: ``"fp32"``, ``"16bit"`` or ``"16bit-wide"`` (head_dim 128)."""
+    if dtype == torch.float32:
+        return "fp32"
+    return "16bit-wide" if head_dim >= 128 else "16bit"
+
+
+# What a CUDA GPU times besides pick_config's tiles on the first call of a shape
+# (kernels/tuning.py), (block_m, block_n, num_warps, num_stages) by (kernel, family): the Triton
+# tutorial's shapes (forward 128 x 64 on 4 warps, dK/dV 32 x 128, dQ 128 x 32), the tables'
+# entries of other GPUs, and 4 or 8 warps. A GPU of a small shared-memory class tries instead
+# its pick on the other number of warps and halved along either side; fp32 keeps its pick.
+_TUNING_ALTERNATIVES: dict[tuple[str, str], tuple[tuple[int, int, int, int], ...]] = {
+    ("forward", "16bit"): ((128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)),
+    ("forward", "16bit-wide"): ((128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 2)),
+    ("dkdv", "16bit"): ((32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 2)),
+    ("dkdv", "16bit-wide"): ((32, 128, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2)),
+    ("dq", "16bit"): ((128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 2)),
+    ("dq", "16bit-wide"): ((128, 32, 4, 2), (64, 32, 4, 2), (64, 64, 8, 2)),
+}
+
+
+def config_candidates(
+    kernel: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    bias: bool = False,
+    per_tile: bool = False,
+) -> list[FlashConfig]:
+    """The tiles a GPU may time for one kernel: :func:`pick_config`'s first, then the
+    alternatives of :data:`_TUNING_ALTERNATIVES` that suit the GPU (a dK/dV tile with a
+    per-sub-tile gradient keeps keys a multiple of its queries). Only the pick in the
+    interpreter and for fp32."""
+    pick = pick_config(kernel, head_dim, dtype, device, bias=bias, per_tile=per_tile)
+    family = _tile_family(head_dim, dtype)
+    if gpu_arch(device) is None or family == "fp32":
+        return [pick]
+    bm, bn, warps, stages = pick.block_m, pick.block_n, pick.num_warps, pick.num_stages
+    shapes = [(bm, bn, warps, stages)]
+    if smem_class(device) is None:
+        alternatives = _TUNING_ALTERNATIVES[(kernel, family)]
+    else:  # nothing larger than what fits
+        alternatives = ((bm, bn, 8 if warps == 4 else 4, stages), (bm // 2, bn, warps, stages),
+                        (bm, bn // 2, warps, stages))  # fmt: skip
+    for shape in alternatives:
+        if min(shape[:2]) < 16 or (per_tile and kernel == "dkdv" and shape[1] % shape[0]):
+            continue
+        if shape not in shapes:
+            shapes.append(shape)
+    return [FlashConfig(bm, bn, num_warps=w, num_stages=st) for bm, bn, w, st in shapes]
+
+
+def tuning_candidates(
+    pass_: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    causal: bool,
+    biased: bool,
+    per_tile: bool,
+) -> list[dict]:
+    """Launch arguments a GPU times for one pass (:mod:`.tuning`), the static pick first:
+    ``{"config": ...}`` for ``"forward"``, ``{"configs": {"dkdv": ..., "dq": ...}}`` for
+    ``"backward"`` (every pair of the two kernels' candidates: each compiles once, and a pair
+    costs only its timing). ``causal`` does not change the lists."""
+    del causal
+    if pass_ == "forward":
+        return [
+            {"config": c}
+            for c in config_candidates("forward", head_dim, dtype, device, bias=biased)
+        ]
+    if pass_ != "backward":
+        raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
+    dkdv = config_candidates("dkdv", head_dim, dtype, device, bias=biased, per_tile=per_tile)
+    dq = config_candidates("dq", head_dim, dtype, device, bias=biased)
+    return [{"configs": {"dkdv": a, "dq": b}} for a in dkdv for b in dq]
 
 
 def _forward_scale(scale: float) -> tuple[float, float]:

@@ -1598,7 +1598,8 @@ def pick_config(
     causal: bool = True,
     square: bool = False,
     biased: bool = False,
-) -> StickConfig:
+    all_fitting: bool = False,
+) -> StickConfig | tuple[list[StickConfig], list[StickConfig]]:
     """Tiles for ``head_dim`` on ``device``; ``block`` (a power of two >= 16) forces all of them.
 
     64x64 tiles in the interpreter (where fewer, larger tiles run fastest). On a GPU, 64 keys
@@ -1611,7 +1612,9 @@ def pick_config(
     that cannot fit is refused with a ValueError. ``square``: the backward's query and key
     blocks equal (for a hook whose gradient is per tile). ``biased``: a score-bias hook is
     launched; on Hopper at head_dim 64 the backward then takes 128 queries with 8 warps as at
-    128 (:data:`_HOPPER_BIASED_BACKWARD`).
+    128 (:data:`_HOPPER_BIASED_BACKWARD`). ``all_fitting`` (on a GPU): every config that fits,
+    as two lists, the forward's shapes (with the backward's pick) and the backward's (with the
+    forward's pick), each in the order above, the pick first.
     """
     if block is not None:
         if not isinstance(block, int) or block < 16 or block & (block - 1):
@@ -1619,7 +1622,8 @@ def pick_config(
     limit = smem_per_block(device)
     if limit == 0:  # the interpreter
         size = block or 64
-        return StickConfig(size, size, size, 4, 4)
+        config = StickConfig(size, size, size, 4, 4)
+        return ([config], [config]) if all_fitting else config
     small = [(64, 64, 4), (32, 32, 4), (16, 16, 4)]
     arch = gpu_arch(device)
     hopper = (arch or 0) >= 90
@@ -1643,26 +1647,64 @@ def pick_config(
         # products are widened to float32 in shared memory
         size = 4
     sides = 1 if causal else 2
-    fwd = next(
-        ((bm, bn, w, st) for bm, bn, w in fwd_shapes
-         if (st := _forward_stages(limit, bm, bn, head_dim, size))),
-        None,
-    )  # fmt: skip
-    bwd = next(
-        ((bm, bn, w, st) for bm, bn, w in bwd_shapes
-         if all(st := _backward_stages(limit, bm, bn, head_dim, size, sides, arch, square))),
-        None,
-    )  # fmt: skip
-    if fwd is None or bwd is None:
+    fwd = [
+        (bm, bn, w, st) for bm, bn, w in fwd_shapes
+        if (st := _forward_stages(limit, bm, bn, head_dim, size))
+    ]  # fmt: skip
+    bwd = [
+        (bm, bn, w, st) for bm, bn, w in bwd_shapes
+        if all(st := _backward_stages(limit, bm, bn, head_dim, size, sides, arch, square))
+    ]  # fmt: skip
+    if not fwd or not bwd:
         raise ValueError(
             f"stick-breaking tiles of {block or 16} rows at head_dim {head_dim} ({dtype}) "
             f"need more shared memory than the GPU's "
             f"{limit // 1024} KiB per block; use a smaller block"
         )
+    if not all_fitting:
+        return _stick_config(fwd[0], bwd[0])
+    return [_stick_config(f, bwd[0]) for f in fwd], [_stick_config(fwd[0], b) for b in bwd]
+
+
+def _stick_config(fwd: tuple, bwd: tuple) -> StickConfig:
+    """A :class:`StickConfig` from a forward ``(bm, bn, warps, stages)`` and a backward
+    ``(bm, bn, warps, (row stages, column stages))``."""
     return StickConfig(
         block_m=fwd[0], block_n=fwd[1], block_bwd=bwd[0], num_warps=fwd[2], bwd_warps=bwd[2],
         num_stages=fwd[3], bwd_stages=bwd[3][0], cols_stages=bwd[3][1], block_bwd_n=bwd[1],
     )  # fmt: skip
+
+
+# Tiles of 16 rows are where a GPU's shared memory leaves nothing larger: a GPU times them only
+# when they are the pick.
+_SMALLEST_TUNED_BLOCK = 32
+
+
+def tuning_candidates(
+    pass_: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    causal: bool,
+    biased: bool,
+    per_tile: bool,
+) -> list[dict]:
+    """Launch arguments a GPU times for one pass (:mod:`.tuning`), ``{"config": StickConfig}``
+    each, :func:`pick_config`'s first: the shapes of that pass which fit the GPU (the other
+    pass keeps its pick), down to :data:`_SMALLEST_TUNED_BLOCK` rows. ``per_tile``: the
+    backward's tiles are square. Only the pick in the interpreter."""
+    if pass_ not in ("forward", "backward"):
+        raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
+    forward, backward = pick_config(
+        head_dim, device, dtype=dtype, causal=causal, square=per_tile, biased=biased,
+        all_fitting=True,
+    )  # fmt: skip
+    configs = forward if pass_ == "forward" else backward
+    rows = (lambda c: c.block_m) if pass_ == "forward" else (lambda c: c.block_bwd)
+    return [
+        {"config": c} for i, c in enumerate(configs) if i == 0 or rows(c) >= _SMALLEST_TUNED_BLOCK
+    ]
 
 
 def _mma_scan(device: torch.device, backward: bool) -> bool:
@@ -1700,6 +1742,17 @@ def _switches(
     }
 
 
+def _given_config(config: StickConfig | None, block: int | None) -> StickConfig | None:
+    """A launcher's ``config`` argument, checked (None: the launcher picks)."""
+    if config is None:
+        return None
+    if not isinstance(config, StickConfig):
+        raise TypeError(f"config must be a StickConfig, got {type(config).__name__}")
+    if block is not None:
+        raise ValueError(f"give block ({block}) or config ({config}), not both")
+    return config
+
+
 def _num_stats(causal: bool) -> int:
     """Rows of ``rowstats`` per (batch, head): ``(S_hi, S_lo)`` per stick."""
     return 2 if causal else 4
@@ -1732,6 +1785,7 @@ def stick_breaking_forward(
     bias_options: dict | None = None,
     block: int | None = None,
     positions_affine: bool = False,
+    config: StickConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stick-breaking attention forward (see the module docstring for the function).
 
@@ -1742,7 +1796,8 @@ def stick_breaking_forward(
     it reads, bias_options: its compile-time options (none: the stick-breaking kernels take no
     hook with options); block: force every tile to this size (a power of two >= 16);
     positions_affine: each sequence's positions are ``p_0 + step * index`` (the kernels then
-    compute them instead of reading them).
+    compute them instead of reading them); config: the tiles (a :class:`StickConfig`, e.g. one
+    of :func:`tuning_candidates`), default :func:`pick_config`'s (not with ``block``).
 
     Returns ``out`` ``[batch, heads, seq, head_dim]`` (input dtype, contiguous) and ``rowstats``
     ``[batch, heads, 2 * sides, seq]`` (float32), which the backward needs: per stick (left,
@@ -1757,7 +1812,9 @@ def stick_breaking_forward(
     if qk_tables is not None:  # per token: once, before the loops (kernels/qk_transform.py)
         q, k = encode_qk(q, k, qk_tables)
     a = prepare_launch(q, positions, key_mask, None, bias_hook, bias_params, bias_options)
-    cfg = pick_config(head_dim, q.device, block, dtype=q.dtype, causal=causal)
+    cfg = _given_config(config, block) or pick_config(
+        head_dim, q.device, block, dtype=q.dtype, causal=causal
+    )
     out = torch.empty((batch, heads, seq, head_dim), dtype=q.dtype, device=q.device)
     stats = torch.empty(
         (batch, heads, _num_stats(causal), seq), dtype=torch.float32, device=q.device
@@ -1795,12 +1852,14 @@ def stick_breaking_backward(
     block: int | None = None,
     positions_affine: bool = False,
     encoded: bool = False,
+    config: StickConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Gradients of :func:`stick_breaking_forward`: ``(dq, dk, dv, dparams)``.
 
     dq, dk, dv: contiguous ``[batch, heads, seq, head_dim]`` in the input dtype; dparams: the
     gradient of ``bias_params`` (float32, its shape) if ``bias_grad``, else None. Same arguments
-    as the forward (the same ``block``), plus ``grad_out`` (like the output, any strides) and
+    as the forward (the same ``block``; ``config``'s backward tiles need not be the forward's),
+    plus ``grad_out`` (like the output, any strides) and
     the forward's ``rowstats``. With ``qk_tables``, q and k go through them first (as in the
     forward) unless ``encoded`` (they are already the forward's ``q'``, ``k'``); the float32
     gradients w.r.t. ``q'``, ``k'`` go back through the tables' transpose once, at the end.
@@ -1826,7 +1885,7 @@ def stick_breaking_backward(
         raise ValueError("bias_grad needs a score-bias hook with a learnable tensor")
     per_tile = bias_grad and a.hook.grad_per_tile  # one gradient slot per tile: square tiles
     grad_out = grad_out.to(q.dtype)
-    cfg = pick_config(
+    cfg = _given_config(config, block) or pick_config(
         head_dim, q.device, block, dtype=q.dtype, causal=causal, square=per_tile,
         biased=a.hook is not None,
     )  # fmt: skip

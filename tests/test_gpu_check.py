@@ -477,12 +477,37 @@ def test_a_run_writes_one_report_and_one_figure_named_by_the_device(tmp_path, ca
     assert rep["summary"]["ok"], rep["summary"]
     assert rep["meta"]["device"]["name"] == "Fake GPU 9000"
     assert set(rep["meta"]["seconds"]) == {"correctness", "speed", "total"}
+    # the speed phase's tiles: tuned on a GPU (the fake one runs the interpreter: nothing to time)
+    assert rep["meta"]["tiles"] == "tuned on this GPU" and rep["tuning"] == []
     paths = report.write_report(rep, tmp_path, device.slug)
     assert [p.name for p in paths] == ["fake_gpu_9000.json", "fake_gpu_9000.png"]
     saved = json.loads(paths[0].read_text())
     assert saved["correctness"][0]["status"] == "ok" and saved["speed"]
     lines = report.format_summary(saved)
     assert lines[-1] == "RESULT: OK" and any("vs SDPA" in line for line in lines)
+
+
+@needs_kernels
+def test_no_tune_times_the_static_tiles_and_says_so(monkeypatch):
+    """``--no-tune``: the speed phase runs with tuning off (``kernels/tuning.py``), and the
+    report's meta says which tiles were timed."""
+    from course_lib.kernels import tuning
+
+    plan = cli.make_plan(FakeDevice((9, 0)), _args("--quick", "--no-tune", "--skip", "notebooks"))
+    assert not plan.tune and cli.make_plan(FakeDevice((9, 0)), _args("--quick")).tune
+    seen = []
+    monkeypatch.setattr(
+        speed,
+        "run_speed",
+        lambda device, cases: seen.append(tuning.active(torch.device("cuda"))) or [],
+    )
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    small = cli.Plan(speed=plan.speed[:1], tune=False)
+    rep = cli.run_check(FakeDevice((9, 0)), small)
+    assert seen == [False] and rep["meta"]["tiles"] == "static (--no-tune)"
+    rep = cli.run_check(FakeDevice((9, 0)), cli.Plan(speed=plan.speed[:1]))
+    assert seen == [False, True] and rep["meta"]["tiles"] == "tuned on this GPU"
 
 
 def test_verdicts_fail_on_a_wrong_kernel_a_failed_notebook_or_a_run_that_did_not_train():

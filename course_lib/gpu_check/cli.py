@@ -34,6 +34,7 @@ class Plan:
     workers: int = 0
     notebook_workers: int = 4
     notebook_timeout: float = 600.0
+    tune: bool = True  # the speed phase's kernels choose their tiles by timing (kernels/tuning.py)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,6 +74,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="report folder (default: figures/gpu_check in the checkout)",
     )
     p.add_argument("--no-figure", action="store_true")
+    p.add_argument(
+        "--no-tune",
+        action="store_true",
+        help="time the kernels' static tiles (as reports before tuning did) instead of letting "
+        "the first call of each shape time the candidates and keep the fastest",
+    )
     args = p.parse_args(argv)
     for name in ("seqs", "head_dims"):
         values = getattr(args, name) or []
@@ -123,6 +130,7 @@ def make_plan(device: Device, args: argparse.Namespace) -> Plan:
     plan.workers = args.workers if args.workers is not None else max(1, min(8, cpus // 2))
     plan.notebook_workers = args.notebook_workers
     plan.notebook_timeout = args.notebook_timeout
+    plan.tune = not args.no_tune
     return plan
 
 
@@ -195,9 +203,18 @@ def run_check(device: Device, plan: Plan) -> dict:
         thread.join()
         rep["notebooks"] = notebook_rows
     if plan.speed:
+        from contextlib import nullcontext
+
+        from course_lib.runtime import load_kernel_module
+
+        tuning = load_kernel_module("tuning")
         t0 = time.perf_counter()
-        rep["speed"] = speed.run_speed(device, plan.speed)
+        with nullcontext() if plan.tune else tuning.disabled():
+            rep["speed"] = speed.run_speed(device, plan.speed)
         seconds["speed"] = round(time.perf_counter() - t0, 1)
+        # the tiles each kernel timed and kept (the warm-up call of a shape chose them)
+        rep["meta"]["tiles"] = "tuned on this GPU" if plan.tune else "static (--no-tune)"
+        rep["tuning"] = tuning.choices()
     if plan.training is not None:
         t0 = time.perf_counter()
         rep["training"] = training.run_training(plan.training, plan.training_encodings)
