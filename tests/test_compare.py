@@ -28,7 +28,15 @@ from matplotlib.colors import same_color
 
 import course_lib.train as train_module
 from course_lib import compare
-from course_lib.compare import PRESETS, load_results, main, run_comparison, run_one
+from course_lib.compare import (
+    PRESETS,
+    load_results,
+    main,
+    run_comparison,
+    run_one,
+    sweep,
+    training_run,
+)
 from course_lib.compare import runner as compare_runner
 from course_lib.compare.arms import ABLATIONS, NotRunYet, arm_names, arms_run, get_arm
 from course_lib.compare.claims import (
@@ -314,7 +322,7 @@ def test_finished_runs_are_reused_and_mismatches_refused(clm_runs, monkeypatch):
     def must_not_train(*args, **kwargs):
         raise AssertionError("a finished run was recomputed")
 
-    monkeypatch.setattr(compare_runner, "train_model", must_not_train)
+    monkeypatch.setattr(training_run, "train_model", must_not_train)
     again = run_one("rope", "clm", LEARNING, out_dir=out_dir, progress=False)
     assert again == json.loads((out_dir / "clm_rope_s0.json").read_text())
     with pytest.raises(ValueError, match="force"):
@@ -323,7 +331,8 @@ def test_finished_runs_are_reused_and_mismatches_refused(clm_runs, monkeypatch):
 
 def test_a_partial_rerun_draws_every_saved_run_of_its_preset(clm_runs, monkeypatch):
     out_dir, _ = clm_runs
-    monkeypatch.setattr(compare_runner, "train_model", lambda *a, **k: pytest.fail("retrained"))
+    for stage in (sweep, training_run):
+        monkeypatch.setattr(stage, "train_model", lambda *a, **k: pytest.fail("retrained"))
     (out_dir / "summary.md").unlink()
     again = run_comparison(
         LEARNING, encodings=["rope"], objectives=["clm"], out_dir=out_dir, progress=False

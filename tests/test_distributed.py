@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from course_lib.compare import PRESETS, main, run_one
 from course_lib.compare.results import hardware_label
-from course_lib.compare.runner import run_sweep_one
+from course_lib.compare.sweep import run_sweep_one
 from course_lib.distributed import Processes, step_seed
 from course_lib.train import load_checkpoint
 

@@ -14,8 +14,13 @@ over seeds. One idea per module:
 - :mod:`~course_lib.compare.arms`: what one model of the comparison is, and the ablations;
 - :mod:`~course_lib.compare.plan`: the runs of a comparison in the order they are made, and an
   estimate of the minutes those left take;
-- :mod:`~course_lib.compare.runner`: :func:`run_one` and :func:`run_comparison` (resumable, and
-  in slices of a time budget), :func:`preset_results`, :func:`write_report`;
+- :mod:`~course_lib.compare.runner`: :func:`run_comparison`, stage by stage (resumable, and in
+  slices of a time budget): :mod:`~course_lib.compare.sweep` (the learning-rate sweep),
+  :mod:`~course_lib.compare.training_run` (:func:`run_one`, one run trained),
+  :mod:`~course_lib.compare.evaluation` (what a trained run is scored on),
+  :mod:`~course_lib.compare.report` (:func:`preset_results`, :func:`write_report`), with what
+  they share in :mod:`~course_lib.compare.common`; :mod:`~course_lib.compare.timing` measures
+  speed on its own;
 - :mod:`~course_lib.compare.stats`: spread over seeds, paired differences and their verdicts;
 - :mod:`~course_lib.compare.results`: where results live, :func:`load_results`,
   :func:`summary_markdown`, README's headline;
@@ -35,6 +40,8 @@ from __future__ import annotations
 
 from course_lib.compare.arms import ABLATIONS, get_arm
 from course_lib.compare.cli import main
+from course_lib.compare.common import hardware_description
+from course_lib.compare.evaluation import retrieval_bag_baseline
 from course_lib.compare.presets import (
     FORMAT_VERSION,
     OBJECTIVES,
@@ -43,15 +50,10 @@ from course_lib.compare.presets import (
     ProbeSpec,
     choose_preset,
 )
+from course_lib.compare.report import preset_results, write_report
 from course_lib.compare.results import default_out_dir, load_results, summary_markdown
-from course_lib.compare.runner import (
-    hardware_description,
-    preset_results,
-    retrieval_bag_baseline,
-    run_comparison,
-    run_one,
-    write_report,
-)
+from course_lib.compare.runner import run_comparison
+from course_lib.compare.training_run import run_one
 
 __all__ = [
     "ABLATIONS",

@@ -13,7 +13,7 @@ reads the arms that were run and lists the others as :class:`NotRunYet`, with th
 runs them (:func:`run_command`), instead of failing.
 
 An ablation trains with its encoding's learning rate (the one the preset's sweep chose for the
-encoding, :mod:`course_lib.compare.runner`): it is the encoding's recipe with one change. Its
+encoding, :mod:`course_lib.compare.sweep`): it is the encoding's recipe with one change. Its
 ``metrics`` are the questions it is asked: the comparison tests it against its encoding on those
 (:mod:`course_lib.compare.claims`), and on nothing else.
 """

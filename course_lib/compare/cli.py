@@ -34,7 +34,9 @@ from pathlib import Path
 
 from course_lib.compare.arms import ABLATIONS, get_arm
 from course_lib.compare.files import ComparisonFileError, check_output_folder
+from course_lib.compare.plan import comparison_plan
 from course_lib.compare.presets import PRESETS, choose_preset
+from course_lib.compare.report import preset_results, write_report
 from course_lib.compare.results import (
     default_out_dir,
     headline_markdown,
@@ -42,14 +44,9 @@ from course_lib.compare.results import (
     sweep_name,
     update_readme_headline,
 )
-from course_lib.compare.runner import (
-    comparison_plan,
-    preset_results,
-    run_comparison,
-    sweep_results,
-    timing_pass,
-    write_report,
-)
+from course_lib.compare.runner import run_comparison
+from course_lib.compare.sweep import sweep_results
+from course_lib.compare.timing import timing_pass
 from course_lib.distributed import (
     DEFAULT_TIMEOUT_SECONDS,
     MODES,

@@ -372,7 +372,7 @@ def plot_ablations(results: list[dict]):
 
 def plot_cost_table(results: list[dict], timing: dict | None = None):
     """A table: parameters (total and in position tables) of every arm and, from a timing pass
-    (:func:`course_lib.compare.runner.timing_pass`), its training tokens per second by the wall
+    (:func:`course_lib.compare.timing.timing_pass`), its training tokens per second by the wall
     clock and per CPU second; without one, the speed measured during the runs (mean over
     seeds, taken while other work may have shared the machine), labelled so."""
     speeds = {}

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from course_lib.compare.arms import ABLATIONS, NotRunYet, arms_run, get_arm
+from course_lib.compare.arms import ABLATIONS, Arm, NotRunYet, arms_run, get_arm
 from course_lib.compare.results import FORMAT_VERSION
 from course_lib.data import VOCAB_SIZE, ProbeBatch, retrieval_probe, word_order_probe
 from course_lib.model import OBJECTIVES, BertConfig
@@ -133,7 +133,7 @@ class Preset:
     of an arm's runs is chosen per encoding from ``learning_rates`` (``mlm_learning_rates`` for
     the masked runs, when given) by a sweep (one run per rate and seed of ``sweep_seeds``,
     scored on the selection split; the lowest mean over those seeds wins:
-    :mod:`course_lib.compare.runner`), or is ``train.learning_rate`` when the grid is empty. Evaluation (on the test split of
+    :mod:`course_lib.compare.sweep`), or is ``train.learning_rate`` when the grid is empty. Evaluation (on the test split of
     :func:`course_lib.data.comparison_splits` with ``select_fraction``, ``test_fraction`` and
     ``ngram``): every window of the training length (at most ``eval_windows``), masked runs
     over ``mask_draws`` mask draws; windows of ``long_multiple`` times the training length (at
@@ -207,7 +207,7 @@ class Preset:
 
     def not_run_yet(self, results: list[dict]) -> tuple[NotRunYet, ...]:
         """The arms of this preset (:meth:`arm_names`) that have no run in ``results`` (its
-        saved runs, :func:`course_lib.compare.runner.preset_results`): an encoding registered,
+        saved runs, :func:`course_lib.compare.report.preset_results`): an encoding registered,
         or an ablation added, after the runs were made. Readers of the saved results read the
         arms that were run (:func:`course_lib.compare.arms.arms_run`) and list these, each with
         the command that runs it."""
@@ -236,11 +236,11 @@ class Preset:
         rate = self.train.learning_rate if learning_rate is None else float(learning_rate)
         return replace(self.train, steps=steps or self.train.steps, seed=seed, learning_rate=rate)
 
-    def model_config(self, arm: str, objective: str) -> BertConfig:
-        """The model of one run of ``arm`` (an encoding, or an ablation of one:
-        :mod:`course_lib.compare.arms`). ``max_position_embeddings`` is the training length, so
-        the learned table really has no rows past it."""
-        spec = get_arm(arm)
+    def model_config(self, arm: str | Arm, objective: str) -> BertConfig:
+        """The model of one run of ``arm`` (an encoding, or an ablation of one, by name or
+        resolved: :mod:`course_lib.compare.arms`). ``max_position_embeddings`` is the training
+        length, so the learned table really has no rows past it."""
+        spec = arm if isinstance(arm, Arm) else get_arm(arm)
         return BertConfig(
             vocab_size=VOCAB_SIZE,
             hidden_size=self.hidden_size,
@@ -266,21 +266,22 @@ class Preset:
             "ngram": self.ngram,
         }
 
-    def _model_identity(self, arm: str, objective: str) -> dict:
+    def _model_identity(self, arm: str | Arm, objective: str) -> dict:
         return {
             k: v for k, v in self.model_config(arm, objective).to_dict().items() if v is not None
         }
 
     def identity(
-        self, arm: str, objective: str, seed: int = 0, learning_rate: float | None = None
+        self, arm: str | Arm, objective: str, seed: int = 0, learning_rate: float | None = None
     ) -> dict:
-        """What must match for a saved checkpoint or result to count as this run (JSON types:
-        tuples become lists, so it compares equal to what a results file holds). Model options
-        left at None (``encoding_options``) are not part of it."""
+        """What must match for a saved checkpoint or result to count as this run of ``arm`` (by
+        name or resolved) (JSON types: tuples become lists, so it compares equal to what a
+        results file holds). Model options left at None (``encoding_options``) are not part of
+        it."""
         identity = {
             "format_version": FORMAT_VERSION,
             "preset": self.name,
-            "arm": arm,
+            "arm": arm.name if isinstance(arm, Arm) else arm,
             "seed": seed,
             "model_config": self._model_identity(arm, objective),
             "train_config": asdict(self.train_config(objective, seed, learning_rate)),

@@ -1,7 +1,7 @@
 """Results of the comparison: where they are saved, reading them back, the report's text.
 
 A run's results are one JSON file, ``<out_dir>/<objective>_<arm>_s<seed>.json`` (see
-:func:`course_lib.compare.runner.run_one` for what it holds); the learning-rate sweep's are in
+:func:`course_lib.compare.training_run.run_one` for what it holds); the learning-rate sweep's are in
 ``<out_dir>/sweep/``, the timing pass's in ``<out_dir>/timing.json`` and the log of the
 sittings that made them in ``<out_dir>/sessions.json``. :func:`load_results` reads back the
 runs that exist; :func:`summary_markdown` writes the report (``summary.md``) and
@@ -98,7 +98,7 @@ def mean_sweep_loss(losses: dict[int, float], seeds: Sequence[int]) -> float:
 
 def hardware_label(hardware: dict) -> str:
     """One line saying where a run ran, from the dict of
-    :func:`course_lib.compare.runner.hardware_description` (with the number of processes when
+    :func:`course_lib.compare.common.hardware_description` (with the number of processes when
     there were several)."""
     if hardware["kind"] == "GPU":
         label = f"GPU: {hardware['gpu']}"

@@ -87,7 +87,7 @@ def run_training(preset, encodings=None, out_dir: Path | None = None) -> list[di
     """Train ``preset`` (every sequence encoding, or ``encodings``) into ``out_dir`` (a
     temporary folder by default, removed afterwards) and return :func:`training_rows`; a run
     that raises is reported with its error."""
-    from course_lib.compare.runner import run_one
+    from course_lib.compare.training_run import run_one
 
     arms = tuple(encodings) if encodings is not None else preset.encoding_names()
     rows = []
