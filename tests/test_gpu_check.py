@@ -740,3 +740,33 @@ def test_kernel_records_say_what_the_call_costs_the_host(monkeypatch):
     assert [r["pass_"] for r in kernel] == list(speed.PASSES)
     assert all(r["host_ms"] == 0.25 and r["host_reads"] == 0 for r in kernel)
     assert not any("host_ms" in r for r in records if r["contender"] != "kernel")
+
+
+def test_the_summary_says_what_tuning_gained_over_the_static_tiles():
+    """From the tuner's own times: shapes tuned, how often the static tiles (always the first
+    candidate) stayed fastest, and the chosen tiles' time over the static ones."""
+
+    def choice(hook, pass_, times, chosen):
+        key = ["flash", pass_, "cuda:0", 64, "bfloat16", True, hook, "[]", True, False, True,
+               True, False, None, 4096]  # fmt: skip
+        return dict(key=key, candidates=[{}] * len(times), times_ms=times,
+                    errors=[None] * len(times), chosen=chosen)  # fmt: skip
+
+    choices = [
+        choice(None, "forward", [2.0, 1.0, 3.0], 1),
+        choice("alibi", "backward", [4.0, 5.0], 0),
+        choice("t5", "backward", [None, 8.0, 6.0], 2),  # the static tiles did not fit
+        choice(None, "backward", [10.0, 8.0], 1),
+    ]
+    s = report.tuning_summary(choices)
+    assert s["shapes"] == 4 and s["static_kept"] == 1 and s["static_failed"] == 1
+    assert s["median"] == pytest.approx(0.8) and s["best"] == pytest.approx(0.5)
+    assert s["best_shape"] == "flash forward D64 plain N<=4096"
+    rep = {"meta": {"device": {"name": "X", "capability": "9.0"}}, "tuning": choices}
+    rep["summary"] = report.summarise(rep)
+    line = next(x for x in report.format_summary(rep) if x.startswith("tiles tuned"))
+    assert line == (
+        "tiles tuned on this GPU: 4 shapes, the static tiles fastest for 1, not runnable for 1; "
+        "the chosen tiles' time over the static ones: 0.80 (median), 0.50 at best "
+        "(flash forward D64 plain N<=4096)"
+    )

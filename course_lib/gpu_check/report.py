@@ -14,6 +14,7 @@ report without that row, they are marked unreliable.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from course_lib.gpu_check.speed import FLEX_SANITY, flex_sanity, is_flex
@@ -82,6 +83,8 @@ def summarise(report: dict) -> dict:
             ),
             sdpa_backend=", ".join(backends) if backends else "not recorded",
         )
+    if report.get("tuning"):
+        out["tuning"] = tuning_summary(report["tuning"])
     notebooks = report.get("notebooks")
     if notebooks is not None:
         out["notebooks"] = dict(
@@ -101,6 +104,37 @@ def summarise(report: dict) -> dict:
     out["over_budget"] = seconds is not None and seconds > BUDGET_SECONDS
     out["ok"] = not any(part.get("failing") for part in out.values() if isinstance(part, dict))
     return out
+
+
+def _tuning_label(key: list) -> str:
+    """``flash backward D64 alibi N<=4096`` from a choice's key (``flash_ops._tuned_tiles``)."""
+    family, pass_, _device, head_dim, _dtype, _causal, hook = key[:7]
+    return f"{family} {pass_} D{head_dim} {hook or 'plain'} N<={key[-1]}"
+
+
+def tuning_summary(choices: list[dict]) -> dict:
+    """What the tiles chosen on the GPU (``kernels/tuning.py``) gained over the static ones,
+    from the times the tuner measured: ``shapes`` tuned, ``static_kept`` (the static tiles were
+    the fastest), ``static_failed`` (the GPU could not run them), and for the rest of the shapes
+    the chosen tiles' time over the static tiles' (``median``, ``best`` with its ``best_shape``)."""
+    ratios = []
+    static_failed = 0
+    for c in choices:
+        times = c["times_ms"]
+        if times[0] is None and len(times) > 1:
+            static_failed += 1
+        elif len(times) > 1 and times[c["chosen"]] is not None:
+            ratios.append((times[c["chosen"]] / times[0], _tuning_label(c["key"])))
+    kept = sum(1 for c in choices if c["chosen"] == 0)
+    best = min(ratios, default=None)
+    return dict(
+        shapes=len(choices),
+        static_kept=kept,
+        static_failed=static_failed,
+        median=statistics.median(r for r, _ in ratios) if ratios else None,
+        best=None if best is None else best[0],
+        best_shape=None if best is None else best[1],
+    )
 
 
 def _worst_name(row: dict) -> str:
@@ -143,6 +177,16 @@ def format_summary(report: dict) -> list[str]:
             ms = "-" if h["ms"] is None else f"{h['ms']:.2f} ms"
             lines.append(f"  D{h['head_dim']:<3} {h['method']:16} {ms}{vs}")
         lines += [f"  not timed: {f}" for f in sp["not_timed"]]
+    if "tuning" in s:
+        t = s["tuning"]
+        line = (f"tiles tuned on this GPU: {t['shapes']} shapes, the static tiles fastest for "
+                f"{t['static_kept']}")  # fmt: skip
+        if t["static_failed"]:
+            line += f", not runnable for {t['static_failed']}"
+        if t["median"] is not None:
+            line += (f"; the chosen tiles' time over the static ones: {t['median']:.2f} (median), "
+                     f"{t['best']:.2f} at best ({t['best_shape']})")  # fmt: skip
+        lines.append(line)
     if "notebooks" in s:
         nb = s["notebooks"]
         lines.append(f"notebooks under nbval: {len(nb['passed'])} passed")
