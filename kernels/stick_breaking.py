@@ -1680,6 +1680,17 @@ def _stick_config(fwd: tuple, bwd: tuple) -> StickConfig:
 _SMALLEST_TUNED_BLOCK = 32
 
 
+def _worth_timing(pass_: str, head_dim: int, config: StickConfig) -> bool:
+    """Whether a candidate other than the pick is worth a compile and a timing: at least
+    :data:`_SMALLEST_TUNED_BLOCK` rows, and not the backward at head_dim 128 on 64 rows and 4
+    warps, which ptxas spilled 1.8-43 KB for (sm_90, sm_80, sm_86; compiled ahead of time)."""
+    if pass_ == "forward":
+        return config.block_m >= _SMALLEST_TUNED_BLOCK
+    if head_dim >= 128 and config.block_bwd >= 64 and config.bwd_warps == 4:
+        return False
+    return config.block_bwd >= _SMALLEST_TUNED_BLOCK
+
+
 def tuning_candidates(
     pass_: str,
     head_dim: int,
@@ -1692,7 +1703,7 @@ def tuning_candidates(
 ) -> list[dict]:
     """Launch arguments a GPU times for one pass (:mod:`.tuning`), ``{"config": StickConfig}``
     each, :func:`pick_config`'s first: the shapes of that pass which fit the GPU (the other
-    pass keeps its pick), down to :data:`_SMALLEST_TUNED_BLOCK` rows. ``per_tile``: the
+    pass keeps its pick) that are worth timing (:func:`_worth_timing`). ``per_tile``: the
     backward's tiles are square. Only the pick in the interpreter."""
     if pass_ not in ("forward", "backward"):
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
@@ -1701,9 +1712,8 @@ def tuning_candidates(
         all_fitting=True,
     )  # fmt: skip
     configs = forward if pass_ == "forward" else backward
-    rows = (lambda c: c.block_m) if pass_ == "forward" else (lambda c: c.block_bwd)
     return [
-        {"config": c} for i, c in enumerate(configs) if i == 0 or rows(c) >= _SMALLEST_TUNED_BLOCK
+        {"config": c} for i, c in enumerate(configs) if i == 0 or _worth_timing(pass_, head_dim, c)
     ]
 
 
