@@ -228,6 +228,12 @@ STICK_BREAKING = KernelFamily(
 )
 
 
+def _tunes(device: torch.device) -> bool:
+    """Whether a call on ``device`` chooses its tiles by timing (``kernels/tuning.py``); off a
+    CUDA device the tuning module is not even looked up."""
+    return device.type == "cuda" and load_kernel_module("tuning").active(device)
+
+
 def _tuned_tiles(
     family: KernelFamily,
     kernels,
@@ -243,9 +249,9 @@ def _tuned_tiles(
     """The tiles of one pass, as launcher arguments: none (the family's static pick) except on
     a CUDA GPU, where the first call of each key times the family's candidates on this call's
     inputs with ``run(tiles)`` and later calls reuse the fastest (``kernels/tuning.py``)."""
-    tuning = load_kernel_module("tuning")
-    if not tuning.active(q.device):
+    if not _tunes(q.device):
         return {}
+    tuning = load_kernel_module("tuning")
     _, _, seq, head_dim = q.shape
     hook = call.hook
     per_tile = bias_grad and hook is not None and bool(hook.grad_per_tile)

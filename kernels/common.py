@@ -459,3 +459,8 @@ def position_line(POS, seq_len, POS_AFFINE: tl.constexpr):
         pos0 = tl.load(POS)
         pos_step = tl.load(POS + 1, mask=seq_len > 1, other=0.0) - pos0
     return pos0, pos_step
+
+
+def planning() -> bool:
+    """Whether the wrappers are inside :func:`planned_launches` (recording, not running)."""
+    return bool(_PLAN)

@@ -1598,8 +1598,24 @@ def pick_config(
     causal: bool = True,
     square: bool = False,
     biased: bool = False,
-    all_fitting: bool = False,
-) -> StickConfig | tuple[list[StickConfig], list[StickConfig]]:
+) -> StickConfig:
+    """The first of :func:`fitting_configs`' forward and backward shapes."""
+    forward, backward = fitting_configs(
+        head_dim, device, block, dtype=dtype, causal=causal, square=square, biased=biased
+    )
+    return forward[0]
+
+
+def fitting_configs(
+    head_dim: int,
+    device: torch.device,
+    block: int | None = None,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    causal: bool = True,
+    square: bool = False,
+    biased: bool = False,
+) -> tuple[list[StickConfig], list[StickConfig]]:
     """Tiles for ``head_dim`` on ``device``; ``block`` (a power of two >= 16) forces all of them.
 
     64x64 tiles in the interpreter (where fewer, larger tiles run fastest). On a GPU, 64 keys
@@ -1612,9 +1628,11 @@ def pick_config(
     that cannot fit is refused with a ValueError. ``square``: the backward's query and key
     blocks equal (for a hook whose gradient is per tile). ``biased``: a score-bias hook is
     launched; on Hopper at head_dim 64 the backward then takes 128 queries with 8 warps as at
-    128 (:data:`_HOPPER_BIASED_BACKWARD`). ``all_fitting`` (on a GPU): every config that fits,
-    as two lists, the forward's shapes (with the backward's pick) and the backward's (with the
-    forward's pick), each in the order above, the pick first.
+    128 (:data:`_HOPPER_BIASED_BACKWARD`).
+
+    Returns every config that fits, as two lists in the order above: the forward's shapes, each
+    with the first backward shape, and the backward's, each with the first forward shape. Their
+    first entries are the same config, :func:`pick_config`'s; the interpreter has one.
     """
     if block is not None:
         if not isinstance(block, int) or block < 16 or block & (block - 1):
@@ -1623,7 +1641,7 @@ def pick_config(
     if limit == 0:  # the interpreter
         size = block or 64
         config = StickConfig(size, size, size, 4, 4)
-        return ([config], [config]) if all_fitting else config
+        return [config], [config]
     small = [(64, 64, 4), (32, 32, 4), (16, 16, 4)]
     arch = gpu_arch(device)
     hopper = (arch or 0) >= 90
@@ -1661,8 +1679,6 @@ def pick_config(
             f"need more shared memory than the GPU's "
             f"{limit // 1024} KiB per block; use a smaller block"
         )
-    if not all_fitting:
-        return _stick_config(fwd[0], bwd[0])
     return [_stick_config(f, bwd[0]) for f in fwd], [_stick_config(fwd[0], b) for b in bwd]
 
 
@@ -1702,15 +1718,15 @@ def tuning_candidates(
     per_tile: bool,
 ) -> list[dict]:
     """Launch arguments a GPU times for one pass (:mod:`.tuning`), ``{"config": StickConfig}``
-    each, :func:`pick_config`'s first: the shapes of that pass which fit the GPU (the other
-    pass keeps its pick) that are worth timing (:func:`_worth_timing`). ``per_tile``: the
-    backward's tiles are square. Only the pick in the interpreter."""
+    each, :func:`pick_config`'s first: the shapes of that pass which fit the GPU
+    (:func:`fitting_configs`; the other pass keeps its pick) and are worth timing
+    (:func:`_worth_timing`). ``per_tile``: the backward's tiles are square. Only the pick in
+    the interpreter."""
     if pass_ not in ("forward", "backward"):
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
-    forward, backward = pick_config(
-        head_dim, device, dtype=dtype, causal=causal, square=per_tile, biased=biased,
-        all_fitting=True,
-    )  # fmt: skip
+    forward, backward = fitting_configs(
+        head_dim, device, dtype=dtype, causal=causal, square=per_tile, biased=biased
+    )
     configs = forward if pass_ == "forward" else backward
     return [
         {"config": c} for i, c in enumerate(configs) if i == 0 or _worth_timing(pass_, head_dim, c)

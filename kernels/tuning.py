@@ -196,9 +196,9 @@ def compile_only():
 
 def active(device: torch.device) -> bool:
     """Whether a call on ``device`` tunes its tiles (see the module docstring for when not)."""
-    from .common import _PLAN
+    from .common import planning
 
-    if device.type != "cuda" or _PLAN or getattr(_LOCAL, "disabled", 0):
+    if device.type != "cuda" or planning() or getattr(_LOCAL, "disabled", 0):
         return False
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False

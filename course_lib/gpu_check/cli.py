@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,8 +204,6 @@ def run_check(device: Device, plan: Plan) -> dict:
         thread.join()
         rep["notebooks"] = notebook_rows
     if plan.speed:
-        from contextlib import nullcontext
-
         from course_lib.runtime import load_kernel_module
 
         tuning = load_kernel_module("tuning")
