@@ -43,6 +43,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from course_lib import runtime
 from course_lib.gpu_static import aot, goals, model, sass, targets, variants
 
 __all__ = ["main", "run_report"]
@@ -583,6 +584,14 @@ def main(argv=None) -> int:
     p.add_argument("--fail-on-spill", type=int, default=None)
     p.add_argument("--verbose", action="store_true", help="print the per-compile table")
     args = p.parse_args(argv)
+    try:
+        runtime.require_triton(
+            (3, 6), "python -m course_lib.gpu_report (it compiles through Triton's own launch "
+            "binder and ptxas lookup, whose interfaces changed in 3.6)",
+        )  # fmt: skip
+    except runtime.KernelsUnavailableError as err:
+        print(f"gpu_report: {err}", file=sys.stderr)
+        return 2
     if args.archs is None:
         args.archs = [90, 86, 75] if args.ci else [90, 80]
     quick = args.quick or args.ci

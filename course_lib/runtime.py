@@ -4,9 +4,10 @@
 * ``"interpreter"``: no GPU; ``TRITON_INTERPRET=1`` is set *before* any kernel module is imported
   (Triton reads it when a kernel is decorated), and kernels run on CPU tensors in Triton's
   interpreter, slowly but computing exactly what the GPU code computes.
-* ``"unavailable"``: Triton is not installed (it ships no wheels for macOS or Windows). Every
-  reference path still works; the Triton backend raises a clear error instead of substituting
-  another algorithm.
+* ``"unavailable"``: Triton is not installed (it ships no wheels for macOS or Windows), or it is
+  older than the kernels need (:data:`TRITON_MINIMUM`). Every reference path still works; the
+  Triton backend raises a clear error, saying which of the two, instead of substituting another
+  algorithm.
 
 Setting ``TRITON_INTERPRET=1`` yourself before importing ``course_lib`` forces the interpreter.
 
@@ -41,7 +42,16 @@ __all__ = [
     "KernelsLocationError",
     "kernels_folder",
     "set_triton_library_mode",
+    "TRITON_MINIMUM",
+    "triton_version",
+    "require_triton",
 ]
+
+# The oldest Triton the kernels run on. Checked with the kernel tests in the interpreter on
+# Triton 3.4.0, 3.6.0 and 3.9.0, and compiled ahead of time with 3.6.0 and 3.9.0; 3.3 has no
+# ``triton.knobs`` (kernels/fast_math.py reads it), and 3.0's interpreter refuses a
+# ``tl.arange`` of run-time bounds. PyTorch 2.8 is the first to bring Triton 3.4 with it.
+TRITON_MINIMUM = (3, 4)
 
 
 class KernelsUnavailableError(RuntimeError):
@@ -94,8 +104,57 @@ def _bind_kernels_package() -> None:
 _bind_kernels_package()
 
 
+def _version_tuple(version: str) -> tuple[int, int]:
+    """``"3.6.0"`` -> ``(3, 6)``; ``"3.4.0+git1234"`` -> ``(3, 4)``."""
+    parts = version.split(".")
+    minor = "".join(ch for ch in (parts[1] if len(parts) > 1 else "") if ch.isdigit())
+    return int(parts[0]), int(minor or 0)
+
+
+def triton_version() -> str | None:
+    """The installed Triton's version, read from its package metadata without importing it
+    (None where Triton is not installed or its metadata has no version)."""
+    from importlib import metadata
+
+    for name in ("triton", "pytorch-triton"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _too_old(minimum: tuple[int, int]) -> str | None:
+    """The installed Triton's version where it is older than ``minimum``, else None."""
+    version = triton_version()
+    if version is None:
+        return None
+    try:
+        return version if _version_tuple(version) < minimum else None
+    except ValueError:  # a version string of another shape: let Triton itself decide
+        return None
+
+
+def _minimum_text(minimum: tuple[int, int]) -> str:
+    return f"{minimum[0]}.{minimum[1]}"
+
+
+def require_triton(minimum: tuple[int, int], needed_by: str, otherwise: str = "") -> None:
+    """Raise :class:`KernelsUnavailableError` where the installed Triton is older than
+    ``minimum``, naming what needs it (``needed_by``), the version found, the upgrade and
+    ``otherwise`` (what works without it)."""
+    old = _too_old(minimum)
+    if old is not None:
+        want = _minimum_text(minimum)
+        raise KernelsUnavailableError(
+            f"{needed_by} needs Triton {want} or newer; this is Triton {old}. Upgrade it: on a "
+            f"GPU through PyTorch, whose CUDA builds pin their Triton (pip install -U torch), "
+            f"without one pip install -U 'triton>={want}'.{otherwise}"
+        )
+
+
 def _choose_mode() -> str:
-    if importlib.util.find_spec("triton") is None:
+    if importlib.util.find_spec("triton") is None or _too_old(TRITON_MINIMUM):
         return "unavailable"
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return "interpreter"
@@ -175,6 +234,13 @@ def describe_kernel_mode() -> str:
             "No GPU found: Triton kernels run in Triton's CPU interpreter "
             "(same code, exact results, far slower; timings need a GPU)."
         )
+    old = _too_old(TRITON_MINIMUM)
+    if old is not None:
+        return (
+            f"Triton {old} is installed, but the kernels need Triton "
+            f"{_minimum_text(TRITON_MINIMUM)} or newer: the kernel cells are skipped; every "
+            "from-scratch PyTorch cell still runs."
+        )
     return (
         "Triton is not installed (it has wheels for Linux only): the kernel cells are skipped; "
         "every from-scratch PyTorch cell still runs."
@@ -184,6 +250,11 @@ def describe_kernel_mode() -> str:
 def require_kernels() -> None:
     """Raise a clear error where Triton cannot run (before any hook or table is built)."""
     if KERNEL_MODE == "unavailable":
+        require_triton(
+            TRITON_MINIMUM, "backend='triton'",
+            " Or use backend='reference' (the from-scratch PyTorch version computes the same "
+            "function).",
+        )  # fmt: skip
         raise KernelsUnavailableError(
             "backend='triton' needs the triton package, which ships wheels for Linux only. "
             "Use backend='reference' (the from-scratch PyTorch version computes the same function)."
@@ -204,11 +275,7 @@ def _check_interpreter_versions() -> None:
     import numpy
     import triton
 
-    def major_minor(version: str) -> tuple[int, int]:
-        parts = version.split(".")
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
-
-    if major_minor(triton.__version__) < (3, 9) and major_minor(numpy.__version__) >= (2, 4):
+    if _version_tuple(triton.__version__) < (3, 9) and _version_tuple(numpy.__version__) >= (2, 4):
         raise KernelsUnavailableError(
             f"Triton {triton.__version__}'s CPU interpreter does not work with numpy "
             f"{numpy.__version__}; install triton>=3.9 or numpy<2.4 "

@@ -50,6 +50,17 @@ def test_requirements_use_floors_not_pins():
         assert "==" not in line, line
 
 
+def test_the_triton_floor_is_the_one_the_runtime_checks():
+    """requirements.txt, pyproject.toml and ``course_lib.runtime.TRITON_MINIMUM`` name the same
+    oldest Triton (the runtime refuses an older one with a message, where an import would fail)."""
+    from course_lib.runtime import TRITON_MINIMUM
+
+    floor = "triton>={}.{}".format(*TRITON_MINIMUM)
+    for name in ("requirements.txt", "pyproject.toml"):
+        found = re.findall(r"triton>=[\d.]+", (ROOT / name).read_text())
+        assert found == [floor], (name, found, floor)
+
+
 def test_ci_runs_the_notebooks_again_with_the_portable_cpu_kernels():
     """CONTRIBUTING, "Notebooks": verdicts must hold whatever CPU kernels PyTorch picks, so CI
     runs every notebook under nbval a second time with ATEN_CPU_CAPABILITY=default (and avx512

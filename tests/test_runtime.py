@@ -20,6 +20,7 @@ def test_mode_is_decided_and_described():
 
 def test_without_triton_the_kernel_wrappers_raise_a_clear_error(monkeypatch):
     monkeypatch.setattr(runtime, "KERNEL_MODE", "unavailable")
+    monkeypatch.setattr(runtime, "triton_version", lambda: None)  # not installed
     assert not runtime.kernels_available()
     assert "Linux" in runtime.describe_kernel_mode()
     q = torch.randn(1, 2, 4, 16)
@@ -50,3 +51,34 @@ def test_kernel_tensors_must_be_on_the_kernel_device():
     q = torch.randn(1, 2, 4, 16, device="meta")
     with pytest.raises(ValueError, match="must be on 'cpu'"):
         runtime.check_kernel_tensors(q)
+
+
+def test_a_triton_older_than_the_kernels_need_is_named_with_its_upgrade(monkeypatch):
+    """Triton 3.3 has no ``triton.knobs``: ``course_lib`` still imports, the kernel path is
+    unavailable and every message names the version found, the one needed and the upgrade."""
+    monkeypatch.setattr(runtime, "triton_version", lambda: "3.3.1")
+    assert runtime._choose_mode() == "unavailable"
+    monkeypatch.setattr(runtime, "KERNEL_MODE", "unavailable")
+    assert "Triton 3.3.1 is installed" in runtime.describe_kernel_mode()
+    assert "3.4 or newer" in runtime.describe_kernel_mode()
+    q = torch.randn(1, 2, 4, 16)
+    with pytest.raises(runtime.KernelsUnavailableError, match=r"this is Triton 3\.3\.1") as err:
+        flash_attention(q, q, q)
+    assert "triton>=3.4" in str(err.value) and "backend='reference'" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("version", "old"), [("3.4.0", False), ("3.3.1", True), ("3.10.0", False),
+                         ("3.4.0+git4b3c2a1", False), ("2.3.1", True), ("4.0", False)],
+)  # fmt: skip
+def test_triton_versions_are_compared_as_numbers(monkeypatch, version, old):
+    monkeypatch.setattr(runtime, "triton_version", lambda: version)
+    assert (runtime._too_old(runtime.TRITON_MINIMUM) is not None) == old
+
+
+def test_the_static_report_refuses_a_triton_older_than_its_compiler_interface(monkeypatch, capsys):
+    from course_lib import gpu_report
+
+    monkeypatch.setattr(runtime, "triton_version", lambda: "3.5.1")
+    assert gpu_report.main(["--quick", "--no-figure", "--out", "unused"]) == 2
+    assert "needs Triton 3.6 or newer; this is Triton 3.5.1" in capsys.readouterr().err
