@@ -488,6 +488,40 @@ def test_a_run_writes_one_report_and_one_figure_named_by_the_device(tmp_path, ca
 
 
 @needs_kernels
+def test_a_run_leaves_a_whole_report_after_each_phase_and_each_speed_case(tmp_path):
+    """A run stopped early (a time limit, a lost machine) still leaves what it measured: the
+    progress callback gets a labelled partial report after the correctness phase and after each
+    speed case but the last, and writing one never leaves half a file."""
+    device = FakeDevice((8, 6), times=[3.0, 6.0, 1.5, 3.0, 2.0, 4.0, 1.0, 2.0] * 2)
+    plan = cli.Plan(
+        correctness=[
+            correctness.CorrectnessCase("softmax", "fp32", True, 16, seq=21, batch=1, heads=2)
+        ],  # fmt: skip
+        speed=speed.speed_cases((32,), (16,), "fp32", tokens=64, hidden=32)[:3],
+    )
+    seen = []
+
+    def save(partial):
+        report.write_report(partial, tmp_path, device.slug, figure=False)
+        seen.append(json.loads((tmp_path / f"{device.slug}.json").read_text()))
+
+    rep = cli.run_check(device, plan, save)
+    assert [p["meta"]["unfinished"] for p in seen] == [
+        ["speed"], ["speed (2 of 3 cases left)"], ["speed (1 of 3 cases left)"], [],
+    ]  # fmt: skip
+    assert "speed" not in seen[0] and seen[0]["correctness"][0]["status"] == "ok"
+    assert (
+        len({r["method"] for r in seen[1]["speed"]}) == 1 and "speed" in seen[1]["meta"]["seconds"]
+    )
+    lines = report.format_summary(seen[1])
+    assert lines[-2] == "PARTIAL: the run stopped before speed (2 of 3 cases left)"
+    assert lines[-1] == "RESULT: OK so far"
+    assert seen[-1]["speed"] == json.loads(json.dumps(rep["speed"], default=str))
+    assert report.format_summary(rep)[-1] == "RESULT: OK" and not rep["summary"]["unfinished"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{device.slug}.json"]
+
+
+@needs_kernels
 def test_no_tune_times_the_static_tiles_and_says_so(monkeypatch):
     """``--no-tune``: the speed phase runs with tuning off (``kernels/tuning.py``), and the
     report's meta says which tiles were timed."""
@@ -499,7 +533,9 @@ def test_no_tune_times_the_static_tiles_and_says_so(monkeypatch):
     monkeypatch.setattr(
         speed,
         "run_speed",
-        lambda device, cases: seen.append(tuning.active(torch.device("cuda"))) or [],
+        lambda device, cases, after_case=None: (
+            seen.append(tuning.active(torch.device("cuda"))) or []
+        ),
     )
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

@@ -172,15 +172,44 @@ def _meta(device: Device, root: Path | None) -> dict:
     )
 
 
-def run_check(device: Device, plan: Plan) -> dict:
+def _unfinished(plan: Plan, rep: dict, speed_done: int | None = None) -> list[str]:
+    """The phases of ``plan`` that ``rep`` does not hold yet (the speed phase's cases done so
+    far named when it is under way)."""
+    left = []
+    for phase in ("correctness", "notebooks", "speed", "training"):
+        planned = getattr(plan, phase)
+        if planned is None or (isinstance(planned, list) and not planned) or phase in rep:
+            continue
+        if phase == "speed" and speed_done is not None:
+            left.append(f"speed ({len(plan.speed) - speed_done} of {len(plan.speed)} cases left)")
+        else:
+            left.append(phase)
+    return left
+
+
+def _partial(rep: dict, seconds: dict, unfinished: list[str]) -> dict:
+    """A copy of a report under way, labelled with what it does not hold yet and summarised."""
+    out = dict(rep, meta=dict(rep["meta"], seconds=dict(seconds), unfinished=unfinished))
+    out["summary"] = report.summarise(out)
+    return out
+
+
+def run_check(device: Device, plan: Plan, progress=None) -> dict:
     """Run the plan's phases on ``device`` and return the report (with its summary): the
     notebooks run alongside the correctness phase (both mostly compile kernels, on the CPU);
-    speed and training run alone, as they are timed."""
+    speed and training run alone, as they are timed. ``progress(report)``, if given, gets a
+    partial report (``meta.unfinished`` lists what it lacks) after each phase and each speed
+    case, so that a run stopped early still leaves what it measured."""
     started = time.perf_counter()
     rep: dict = {"meta": _meta(device, plan.root)}
     seconds: dict[str, float] = {}
     notebook_rows: list[dict] = []
     thread = None
+
+    def report_progress(speed_done: int | None = None) -> None:
+        if progress is not None:
+            progress(_partial(rep, seconds, _unfinished(plan, rep, speed_done)))
+
     if plan.notebooks:
         t0 = time.perf_counter()
 
@@ -200,20 +229,34 @@ def run_check(device: Device, plan: Plan) -> dict:
             plan.correctness, device.torch_device, plan.workers
         )
         seconds["correctness"] = round(time.perf_counter() - t0, 1)
+        report_progress()
     if thread is not None:
         thread.join()
         rep["notebooks"] = notebook_rows
+        report_progress()
     if plan.speed:
         from course_lib.runtime import load_kernel_module
 
         tuning = load_kernel_module("tuning")
         t0 = time.perf_counter()
-        with nullcontext() if plan.tune else tuning.disabled():
-            rep["speed"] = speed.run_speed(device, plan.speed)
-        seconds["speed"] = round(time.perf_counter() - t0, 1)
         # the tiles each kernel timed and kept (the warm-up call of a shape chose them)
-        rep["meta"]["tiles"] = "tuned on this GPU" if plan.tune else "static (--no-tune)"
+        tiles = "tuned on this GPU" if plan.tune else "static (--no-tune)"
+
+        def after_case(records: list[dict], done: int) -> None:
+            if progress is not None:
+                partial = dict(rep, speed=records, tuning=tuning.choices())
+                partial["meta"] = dict(rep["meta"], tiles=tiles)
+                left = _unfinished(plan, rep, done)
+                progress(
+                    _partial(partial, dict(seconds, speed=round(time.perf_counter() - t0, 1)), left)
+                )
+
+        with nullcontext() if plan.tune else tuning.disabled():
+            rep["speed"] = speed.run_speed(device, plan.speed, after_case)
+        seconds["speed"] = round(time.perf_counter() - t0, 1)
+        rep["meta"]["tiles"] = tiles
         rep["tuning"] = tuning.choices()
+        report_progress()
     if plan.training is not None:
         t0 = time.perf_counter()
         rep["training"] = training.run_training(plan.training, plan.training_encodings)
@@ -243,8 +286,12 @@ def main(argv=None) -> int:
         f"training: {'yes' if plan.training is not None else 'no'}",
         flush=True,
     )
-    rep = run_check(device, plan)
     out = args.out or default_out(plan.root)
+
+    def save_progress(partial: dict) -> None:  # the JSON alone; the figure comes at the end
+        report.write_report(partial, out, device.slug, figure=False)
+
+    rep = run_check(device, plan, save_progress)
     paths = report.write_report(rep, out, device.slug, figure=not args.no_figure)
     print("\n".join(report.format_summary(rep)))
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -14,6 +14,7 @@ report without that row, they are marked unreliable.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -103,6 +104,8 @@ def summarise(report: dict) -> dict:
     out["seconds"] = seconds
     out["over_budget"] = seconds is not None and seconds > BUDGET_SECONDS
     out["ok"] = not any(part.get("failing") for part in out.values() if isinstance(part, dict))
+    # a report written while the run went on (cli.run_check's progress): what it lacks
+    out["unfinished"] = list(report.get("meta", {}).get("unfinished") or [])
     return out
 
 
@@ -202,7 +205,10 @@ def format_summary(report: dict) -> list[str]:
         lines.append(
             f"took {minutes:.1f} min" + (" (over the 15-minute plan)" if s["over_budget"] else "")
         )
-    lines.append("RESULT: OK" if s["ok"] else "RESULT: FAIL")
+    if s.get("unfinished"):
+        lines.append(f"PARTIAL: the run stopped before {', '.join(s['unfinished'])}")
+    verdict = "OK" if s["ok"] else "FAIL"
+    lines.append(f"RESULT: {verdict} so far" if s.get("unfinished") else f"RESULT: {verdict}")
     return lines
 
 
@@ -211,7 +217,11 @@ def write_report(report: dict, out_dir: Path, slug: str, figure: bool = True) ->
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{slug}.json"
-    path.write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
+    # written beside it, then renamed over it: a run stopped while writing leaves the last whole
+    # report, never half of one
+    partial = path.with_name(f".{path.name}.writing")
+    partial.write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
+    os.replace(partial, path)
     written = [path]
     if figure:
         written.append(write_figure(report, out_dir / f"{slug}.png"))

@@ -525,14 +525,18 @@ def _describe_contender(record: dict, fn, inputs, causal: bool, pass_: str) -> N
         )
 
 
-def run_speed(device, cases: list[SpeedCase]) -> list[dict]:
+def run_speed(device, cases: list[SpeedCase], after_case=None) -> list[dict]:
     """Every case, one after the other (timings alone on the GPU), with a progress bar; the
-    ratios added (:func:`add_ratios`)."""
+    ratios added (:func:`add_ratios`). ``after_case(records, done)``, if given, is called after
+    each case with the records so far (ratios added) and the number of cases done."""
     from tqdm.auto import tqdm
 
     records = []
-    for case in tqdm(cases, desc="speed"):
+    for done, case in enumerate(tqdm(cases, desc="speed"), start=1):
         records += measure_case(device, case)
+        if after_case is not None and done < len(cases):
+            add_ratios(records)
+            after_case(records, done)
     add_ratios(records)
     return records
 
