@@ -258,7 +258,8 @@ def test_a_records_speed_variants_are_timed_beside_its_defaults_and_labelled():
         inputs = cases.make_inputs(enc, batch=1, heads=2, seq=case.seq, head_dim=16,
                                    dtype="fp32", device="cpu", module_options=dict(case.options))  # fmt: skip
         tables[case.label] = tuple(inputs.params["position_embeddings"].shape)
-    assert tables == {"cope": (1024, 16), "cope npos=64": (64, 16)}
+    assert tables == {"cope": (4096, 16), "cope npos=64": (64, 16)}  # the longest length first
+    assert [c.seq for c in plan] == sorted((c.seq for c in plan), reverse=True)
     assert speed._record(cope[1], "kernel", "fwd")["method"] == "cope npos=64"
     # every record's variants are arguments its module takes
     for enc in attention_methods().values():

@@ -88,15 +88,17 @@ class SpeedCase:
 def speed_cases(seqs, head_dims, dtype: str, tokens: int = TOKENS,
                 hidden: int = HIDDEN) -> list[SpeedCase]:  # fmt: skip
     """Every method at every (head_dim, seq), causal, at the shape of :func:`speed_shape`; a
-    method whose record lists ``speed_variants`` also with each of them."""
+    method whose record lists ``speed_variants`` also with each of them. The longest length
+    comes first: the summary's headline and the speed goals are at it, and a run cut short
+    (its report is written after each case) keeps them."""
     variants = {
         name: [(), *(tuple(v.items()) for v in (enc.speed_variants if enc else ()))]
         for name, enc in methods().items()
     }
     return [
         SpeedCase(name, d, n, dtype, *speed_shape(n, d, tokens, hidden), options=options)
+        for n in sorted(seqs, reverse=True)
         for d in head_dims
-        for n in seqs
         for name in methods()
         for options in variants[name]
     ]
