@@ -1,6 +1,6 @@
 """GPU benchmark of the course's attention kernels against PyTorch, in one run.
 
-    python -m course_lib.bench                 # bf16, head_dim 64 and 128, seq 256..8192
+    python -m course_lib.bench                 # bf16 (a T4: fp16), head_dim 64 and 128, seq 256..8192
     python -m course_lib.bench --quick         # a few sizes
     python -m course_lib.bench --causal        # causal only (--no-causal: bidirectional only)
 
@@ -63,7 +63,6 @@ QUICK_SEQS = (256, 1024)
 DEFAULT_HEAD_DIMS = (64, 128)
 BASELINE = "SDPA"
 PASSES = ("fwd", "fwd+bwd")
-DTYPE = torch.bfloat16
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -313,8 +312,10 @@ def run_benchmark(
     causal_modes: tuple[bool, ...],
     tokens: int,
     hidden: int,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> dict:
-    """Time every method at every size; returns the JSON-ready records and agreement checks."""
+    """Time every method at every size in ``dtype``; returns the JSON-ready records and
+    agreement checks."""
     device = torch.device("cuda")
     records, checks = [], []
     for head_dim in head_dims:
@@ -324,7 +325,7 @@ def run_benchmark(
                 gen = torch.Generator(device=device).manual_seed(0)
                 shape = (batch, heads, seq, head_dim)
                 q, k, v, grad_out = (
-                    torch.randn(shape, device=device, dtype=DTYPE, generator=gen) for _ in range(4)
+                    torch.randn(shape, device=device, dtype=dtype, generator=gen) for _ in range(4)
                 )
                 methods = build_methods(causal, seq, device, heads, head_dim, batch)
                 if seq == seqs[0]:
@@ -341,7 +342,7 @@ def run_benchmark(
                 del q, k, v, grad_out, methods
                 torch.cuda.empty_cache()
     _add_ratios(records)
-    sanity = flex_sanity(records)
+    sanity = flex_sanity(records, str(dtype).removeprefix("torch."))
     if not sanity["reliable"]:
         for r in records:
             if "FlexAttention" in r["method"] and r["method"] != FLEX_PLAIN:
@@ -367,7 +368,7 @@ def _add_ratios(records: list[dict]) -> None:
         r["vs_sdpa"] = base / r["ms"] if base and r["ms"] else None
 
 
-def flex_sanity(records: list[dict]) -> dict:
+def flex_sanity(records: list[dict], dtype: str = "bfloat16") -> dict:
     """The gpu check's rule on this benchmark's records: FlexAttention with no ``score_mod``
     at no less than ``SANITY_MIN`` x SDPA's speed at every size and pass, or every
     FlexAttention time of the run is unreliable (``course_lib.gpu_check.speed.flex_sanity``)."""
@@ -377,7 +378,7 @@ def flex_sanity(records: list[dict]) -> dict:
     return rule(
         [
             dict(r, contender=FLEX_SANITY if r["method"] == FLEX_PLAIN else r["method"],
-                 pass_=r["pass"], dtype=str(DTYPE).removeprefix("torch."))
+                 pass_=r["pass"], dtype=dtype)
             for r in records
         ]
     )  # fmt: skip
@@ -497,7 +498,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from course_lib.runtime import KERNEL_MODE
+    from course_lib.runtime import KERNEL_MODE, gpu_half_dtype
 
     if not torch.cuda.is_available() or KERNEL_MODE != "compiled":
         print(
@@ -513,8 +514,9 @@ def main(argv: list[str] | None = None) -> int:
         if head_dim not in (16, 32, 64, 128):
             raise ValueError(f"--head-dims must be among 16, 32, 64, 128, got {head_dim}")
     env = environment()
-    print(f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | {DTYPE}")
-    results = run_benchmark(seqs, head_dims, causal_modes, args.tokens, args.hidden)
+    dtype = gpu_half_dtype()  # bf16, or float16 on a GPU without bf16 tensor cores (a T4)
+    print(f"{env['gpu']} | torch {env['torch']} | triton {env['triton']} | {dtype}")
+    results = run_benchmark(seqs, head_dims, causal_modes, args.tokens, args.hidden, dtype)
     print(format_table(results["records"]))
     sanity = results["flex_sanity"]
     print(f"\nFlexAttention sanity: {'reliable' if sanity['reliable'] else 'UNRELIABLE'}: "
@@ -522,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     payload = dict(
         environment=env,
-        dtype=str(DTYPE).removeprefix("torch."),
+        dtype=str(dtype).removeprefix("torch."),
         tokens_per_size=args.tokens,
         hidden=args.hidden,
         flops="4*B*H*N^2*D forward, x3.5 forward+backward, halved when causal",

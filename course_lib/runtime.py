@@ -45,7 +45,14 @@ __all__ = [
     "TRITON_MINIMUM",
     "triton_version",
     "require_triton",
+    "BF16_MIN_CAPABILITY",
+    "gpu_has_bf16",
+    "gpu_half_dtype",
 ]
+
+#: The first compute capability with bf16 tensor cores (the A100's sm_80). Before it the kernels
+#: refuse bf16 (``kernels/common.py``, ``BF16_MIN_ARCH``), and a T4 (sm_75) runs float16.
+BF16_MIN_CAPABILITY = (8, 0)
 
 # The oldest Triton the kernels run on. Checked with the kernel tests in the interpreter on
 # Triton 3.4.0, 3.6.0 and 3.9.0, and compiled ahead of time with 3.6.0 and 3.9.0; 3.3 has no
@@ -281,6 +288,23 @@ def _check_interpreter_versions() -> None:
             f"{numpy.__version__}; install triton>=3.9 or numpy<2.4 "
             "(on a GPU, where kernels are compiled, either works)."
         )
+
+
+def gpu_has_bf16(device: torch.device | int | None = None) -> bool:
+    """Whether this CUDA GPU has bf16 tensor cores (compute capability 8.0 or newer); False
+    without a GPU."""
+    if not torch.cuda.is_available():
+        return False
+    return tuple(torch.cuda.get_device_capability(device)) >= BF16_MIN_CAPABILITY
+
+
+def gpu_half_dtype(device: torch.device | int | None = None) -> torch.dtype:
+    """The 16-bit dtype to run (and time) on this CUDA GPU: ``torch.bfloat16`` where it has bf16
+    tensor cores, ``torch.float16`` before (a T4, whose kernels refuse bf16). Raises without a
+    GPU."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("gpu_half_dtype() needs a CUDA GPU; none is available here")
+    return torch.bfloat16 if gpu_has_bf16(device) else torch.float16
 
 
 def check_kernel_tensors(*tensors: torch.Tensor) -> None:

@@ -559,6 +559,23 @@ def test_bad_presets_are_refused():
         replace(TINY, offset_multiples=(8,))
 
 
+def _fake_gpu(monkeypatch, capability: tuple[int, int], name: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+
+
+def test_the_gpu_preset_needs_bf16_tensor_cores(monkeypatch):
+    """The gpu preset trains in bf16 autocast, which the kernels refuse on a GPU without bf16
+    tensor cores: on a T4 "auto" is the cpu preset and asking for gpu says why, before any run."""
+    _fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    assert compare.choose_preset("auto").name == "cpu"
+    with pytest.raises(ValueError, match=r"bf16 tensor cores .*Tesla T4, compute capability 7\.5"):
+        compare.choose_preset("gpu")
+    _fake_gpu(monkeypatch, (9, 0), "NVIDIA H200")
+    assert compare.choose_preset("auto").name == compare.choose_preset("gpu").name == "gpu"
+
+
 # -- the command line ------------------------------------------------------------------------
 
 

@@ -82,3 +82,32 @@ def test_the_static_report_refuses_a_triton_older_than_its_compiler_interface(mo
     monkeypatch.setattr(runtime, "triton_version", lambda: "3.5.1")
     assert gpu_report.main(["--quick", "--no-figure", "--out", "unused"]) == 2
     assert "needs Triton 3.6 or newer; this is Triton 3.5.1" in capsys.readouterr().err
+
+
+def test_the_16_bit_dtype_of_a_gpu_is_bf16_from_compute_capability_8(monkeypatch):
+    """A T4 (sm_75) has no bf16 tensor cores and the kernels refuse bf16 there: the notebooks'
+    timings, the benchmark and the comparison's step timing run float16 on it."""
+    from course_lib.teaching import kernel_swap
+
+    if not torch.cuda.is_available():
+        assert not runtime.gpu_has_bf16()
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            runtime.gpu_half_dtype()
+        with pytest.raises(RuntimeError, match="Timings need a GPU"):
+            kernel_swap.timing_dtype()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, dtype in (((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                              ((9, 0), torch.bfloat16), ((12, 0), torch.bfloat16)):  # fmt: skip
+        monkeypatch.setattr(
+            torch.cuda, "get_device_capability", lambda device=None, c=capability: c
+        )
+        assert runtime.gpu_half_dtype() == dtype and runtime.gpu_has_bf16() == (
+            dtype != torch.float16
+        )
+
+
+@pytest.mark.skipif(not runtime.kernels_available(), reason="reads the kernels' own limit")
+def test_the_bf16_limit_is_the_kernels_own():
+    from course_lib.kernels.common import BF16_MIN_ARCH
+
+    assert runtime.BF16_MIN_CAPABILITY == divmod(BF16_MIN_ARCH, 10)

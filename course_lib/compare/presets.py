@@ -41,6 +41,7 @@ from course_lib.compare.results import FORMAT_VERSION
 from course_lib.data import VOCAB_SIZE, ProbeBatch, retrieval_probe, word_order_probe
 from course_lib.model import OBJECTIVES, BertConfig
 from course_lib.registry import sequence_encodings
+from course_lib.runtime import gpu_has_bf16
 from course_lib.train import ProbeConfig, TrainConfig
 
 __all__ = ["FORMAT_VERSION", "OBJECTIVES", "PRESETS", "Preset", "ProbeSpec", "choose_preset"]
@@ -494,14 +495,23 @@ PRESETS: dict[str, Preset] = {
 
 
 def choose_preset(name: str = "auto") -> Preset:
-    """``PRESETS[name]``; ``"auto"`` is ``gpu`` when CUDA is available, else ``cpu``."""
+    """``PRESETS[name]``; ``"auto"`` is ``gpu`` on a CUDA GPU that can run it (bf16 tensor cores
+    for its bf16 autocast), else ``cpu``."""
     if name == "auto":
-        name = "gpu" if torch.cuda.is_available() else "cpu"
+        name = "gpu" if gpu_has_bf16() else "cpu"
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid: 'auto', {', '.join(map(repr, PRESETS))}")
     preset = PRESETS[name]
     if preset.device == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"preset {name!r} needs a CUDA GPU and none is available; use preset='cpu' or 'tiny'"
+        )
+    if preset.device == "cuda" and preset.train.autocast_dtype == "bfloat16" and not gpu_has_bf16():
+        raise ValueError(
+            f"preset {name!r} trains in bf16 autocast, which needs bf16 tensor cores (compute "
+            f"capability 8.0 or newer: A100, L4, RTX 30xx and later, H100); this GPU "
+            f"({torch.cuda.get_device_name()}, compute capability "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability()))}) has none. Use "
+            "preset='cpu' or 'tiny' (their runs would not be the gpu preset's anyway)"
         )
     return preset

@@ -9,7 +9,7 @@ says the kernel was not run.
 
 ``time_ms(fn, *args, **kwargs)`` times ``fn`` on a GPU. In Triton's CPU interpreter kernel
 timings mean nothing, so there it does not time: it raises, and :func:`timings_available` tells
-a cell which branch to take.
+a cell which branch to take. :func:`timing_dtype` is the 16-bit dtype to time in on that GPU.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from course_lib.runtime import KERNEL_MODE, kernels_available
+from course_lib.runtime import KERNEL_MODE, gpu_half_dtype, kernels_available
 
-__all__ = ["agree", "time_ms", "timings_available", "NO_TIMINGS"]
+__all__ = ["agree", "time_ms", "timing_dtype", "timings_available", "NO_TIMINGS"]
 
 NO_TIMINGS = (
     "Timings need a GPU: in Triton's CPU interpreter the kernel runs one program at a time in "
@@ -107,6 +107,15 @@ def agree(
 def timings_available() -> bool:
     """True when the kernels are compiled for a GPU, the only place their timings mean anything."""
     return KERNEL_MODE == "compiled"
+
+
+def timing_dtype() -> torch.dtype:
+    """The 16-bit dtype the notebooks time in on this GPU: bf16, or float16 on a GPU without
+    bf16 tensor cores (a T4, sm_75, where the kernels refuse bf16). Raises without a GPU, as
+    :func:`time_ms` does."""
+    if not timings_available():
+        raise RuntimeError(NO_TIMINGS)
+    return gpu_half_dtype()
 
 
 def time_ms(fn: Callable, *args, repeats: int = 20, warmup: int = 2, **kwargs) -> float:
