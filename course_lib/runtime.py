@@ -4,8 +4,9 @@
 * ``"interpreter"``: no GPU; ``TRITON_INTERPRET=1`` is set *before* any kernel module is imported
   (Triton reads it when a kernel is decorated), and kernels run on CPU tensors in Triton's
   interpreter, slowly but computing exactly what the GPU code computes.
-* ``"unavailable"``: Triton is not installed (it ships no wheels for macOS or Windows), or it is
-  older than the kernels need (:data:`TRITON_MINIMUM`). Every reference path still works; the
+* ``"unavailable"``: Triton is not installed (it ships no wheels for macOS or Windows), it is
+  older than the kernels need (:data:`TRITON_MINIMUM`), or the GPU is an AMD one (ROCm), which
+  the kernels were never written or checked for. Every reference path still works; the
   Triton backend raises a clear error, saying which of the two, instead of substituting another
   algorithm.
 
@@ -160,13 +161,27 @@ def require_triton(minimum: tuple[int, int], needed_by: str, otherwise: str = ""
         )
 
 
+def _amd_gpu() -> bool:
+    """A ROCm build of PyTorch on an AMD GPU (``torch.cuda`` is then the AMD GPU)."""
+    return getattr(torch.version, "hip", None) is not None and torch.cuda.is_available()
+
+
+_AMD_GPU = (
+    "This is an AMD GPU (ROCm): the course's Triton kernels are written and checked for NVIDIA "
+    "GPUs only (their fast logarithm is NVIDIA's libdevice, their tiles are chosen for NVIDIA's "
+    "shared memory), so they do not run here; every from-scratch PyTorch cell runs on the GPU. "
+    "Setting TRITON_INTERPRET=1 before importing course_lib runs the kernels in Triton's CPU "
+    "interpreter instead, on CPU tensors."
+)
+
+
 def _choose_mode() -> str:
     if importlib.util.find_spec("triton") is None or _too_old(TRITON_MINIMUM):
         return "unavailable"
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return "interpreter"
     if torch.cuda.is_available():
-        return "compiled"
+        return "unavailable" if _amd_gpu() else "compiled"
     os.environ["TRITON_INTERPRET"] = "1"
     if "triton.language" in sys.modules:  # imported before course_lib: its library is compiled
         set_triton_library_mode(interpret=True)
@@ -241,6 +256,8 @@ def describe_kernel_mode() -> str:
             "No GPU found: Triton kernels run in Triton's CPU interpreter "
             "(same code, exact results, far slower; timings need a GPU)."
         )
+    if _amd_gpu():
+        return _AMD_GPU
     old = _too_old(TRITON_MINIMUM)
     if old is not None:
         return (
@@ -262,6 +279,10 @@ def require_kernels() -> None:
             " Or use backend='reference' (the from-scratch PyTorch version computes the same "
             "function).",
         )  # fmt: skip
+        if _amd_gpu() and importlib.util.find_spec("triton") is not None:
+            raise KernelsUnavailableError(
+                f"backend='triton': {_AMD_GPU} backend='reference' computes the same function."
+            )
         raise KernelsUnavailableError(
             "backend='triton' needs the triton package, which ships wheels for Linux only. "
             "Use backend='reference' (the from-scratch PyTorch version computes the same function)."

@@ -111,3 +111,22 @@ def test_the_bf16_limit_is_the_kernels_own():
     from course_lib.kernels.common import BF16_MIN_ARCH
 
     assert runtime.BF16_MIN_CAPABILITY == divmod(BF16_MIN_ARCH, 10)
+
+
+def test_an_amd_gpu_leaves_the_kernels_unavailable_and_says_how_to_run_them(monkeypatch):
+    """The kernels are written and checked for NVIDIA GPUs only: on a ROCm build with an AMD
+    GPU the kernel path says so (and how to use the interpreter) instead of failing to
+    compile."""
+    monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert runtime._choose_mode() == "unavailable"
+    monkeypatch.setattr(runtime, "KERNEL_MODE", "unavailable")
+    assert "AMD GPU (ROCm)" in runtime.describe_kernel_mode()
+    if runtime.triton_version() is not None and not runtime._too_old(runtime.TRITON_MINIMUM):
+        q = torch.randn(1, 2, 4, 16)
+        with pytest.raises(runtime.KernelsUnavailableError, match="TRITON_INTERPRET=1"):
+            flash_attention(q, q, q)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # asked for: the interpreter, on the CPU
+    if runtime.triton_version() is not None and not runtime._too_old(runtime.TRITON_MINIMUM):
+        assert runtime._choose_mode() == "interpreter"
