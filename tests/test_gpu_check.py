@@ -59,7 +59,14 @@ def test_without_a_gpu_it_says_so_and_exits_2(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(course_lib.runtime, "kernel_mode", lambda: "interpreter")
     assert cli.main([]) == 2
-    assert "not compiled" in capsys.readouterr().err
+    assert "TRITON_INTERPRET=1 is set" in capsys.readouterr().err
+    # an AMD GPU: the kernels are NVIDIA-only, and the reason is the runtime's own
+    monkeypatch.setattr(course_lib.runtime, "kernel_mode", lambda: "unavailable")
+    monkeypatch.setattr(course_lib.runtime, "KERNEL_MODE", "unavailable")
+    monkeypatch.setattr(torch.version, "hip", "6.2.0", raising=False)
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "not compiled" in err and "AMD GPU (ROCm)" in err and "unset" not in err
 
 
 def test_the_plan_follows_the_registry_and_the_gpu():

@@ -133,9 +133,10 @@ def detect() -> CudaDevice:
             "without a GPU."
         )
     if kernel_mode() != "compiled":
+        hint = " (TRITON_INTERPRET=1 is set: unset it)" if kernel_mode() == "interpreter" else ""
         raise NoGpuError(
             "a GPU is present but the kernels are not compiled for it in this process: "
-            f"{describe_kernel_mode()} (unset TRITON_INTERPRET, install Triton on Linux)"
+            f"{describe_kernel_mode()}{hint}"
         )
     index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
