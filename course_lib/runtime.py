@@ -45,6 +45,7 @@ __all__ = [
     "set_triton_library_mode",
     "TRITON_MINIMUM",
     "triton_version",
+    "triton_older_than",
     "require_triton",
     "BF16_MIN_CAPABILITY",
     "gpu_has_bf16",
@@ -132,8 +133,9 @@ def triton_version() -> str | None:
     return None
 
 
-def _too_old(minimum: tuple[int, int]) -> str | None:
-    """The installed Triton's version where it is older than ``minimum``, else None."""
+def triton_older_than(minimum: tuple[int, int]) -> str | None:
+    """The installed Triton's version where it is older than ``minimum`` (``(3, 6)``), else
+    None (also where Triton is not installed)."""
     version = triton_version()
     if version is None:
         return None
@@ -151,7 +153,7 @@ def require_triton(minimum: tuple[int, int], needed_by: str, otherwise: str = ""
     """Raise :class:`KernelsUnavailableError` where the installed Triton is older than
     ``minimum``, naming what needs it (``needed_by``), the version found, the upgrade and
     ``otherwise`` (what works without it)."""
-    old = _too_old(minimum)
+    old = triton_older_than(minimum)
     if old is not None:
         want = _minimum_text(minimum)
         raise KernelsUnavailableError(
@@ -176,7 +178,7 @@ _AMD_GPU = (
 
 
 def _choose_mode() -> str:
-    if importlib.util.find_spec("triton") is None or _too_old(TRITON_MINIMUM):
+    if importlib.util.find_spec("triton") is None or triton_older_than(TRITON_MINIMUM):
         return "unavailable"
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return "interpreter"
@@ -258,7 +260,7 @@ def describe_kernel_mode() -> str:
         )
     if _amd_gpu():
         return _AMD_GPU
-    old = _too_old(TRITON_MINIMUM)
+    old = triton_older_than(TRITON_MINIMUM)
     if old is not None:
         return (
             f"Triton {old} is installed, but the kernels need Triton "

@@ -73,7 +73,7 @@ def test_a_triton_older_than_the_kernels_need_is_named_with_its_upgrade(monkeypa
 )  # fmt: skip
 def test_triton_versions_are_compared_as_numbers(monkeypatch, version, old):
     monkeypatch.setattr(runtime, "triton_version", lambda: version)
-    assert (runtime._too_old(runtime.TRITON_MINIMUM) is not None) == old
+    assert (runtime.triton_older_than(runtime.TRITON_MINIMUM) is not None) == old
 
 
 def test_the_static_report_refuses_a_triton_older_than_its_compiler_interface(monkeypatch, capsys):
@@ -123,10 +123,14 @@ def test_an_amd_gpu_leaves_the_kernels_unavailable_and_says_how_to_run_them(monk
     assert runtime._choose_mode() == "unavailable"
     monkeypatch.setattr(runtime, "KERNEL_MODE", "unavailable")
     assert "AMD GPU (ROCm)" in runtime.describe_kernel_mode()
-    if runtime.triton_version() is not None and not runtime._too_old(runtime.TRITON_MINIMUM):
+    if runtime.triton_version() is not None and not runtime.triton_older_than(
+        runtime.TRITON_MINIMUM
+    ):
         q = torch.randn(1, 2, 4, 16)
         with pytest.raises(runtime.KernelsUnavailableError, match="TRITON_INTERPRET=1"):
             flash_attention(q, q, q)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # asked for: the interpreter, on the CPU
-    if runtime.triton_version() is not None and not runtime._too_old(runtime.TRITON_MINIMUM):
+    if runtime.triton_version() is not None and not runtime.triton_older_than(
+        runtime.TRITON_MINIMUM
+    ):
         assert runtime._choose_mode() == "interpreter"

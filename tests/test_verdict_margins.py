@@ -72,7 +72,8 @@ def test_the_script_runs_each_setting_in_a_process_of_its_own(tmp_path):
     subprocess.run([*command, *options, "--threads", "1"], env=env, check=True, cwd=REPO)
     report = json.loads(out.read_text())
     (setting,) = report["settings"]
-    assert setting["capability"] == "DEFAULT" and setting["requested"] == "default"
+    # the portable kernels: "DEFAULT" (PyTorch 2.11, 2.13), "NO AVX" (PyTorch 2.8)
+    assert setting["capability"] in ("DEFAULT", "NO AVX") and setting["requested"] == "default"
     assert setting["values"]["1"]["threads"] == 1
     assert report["spreads"]["mean"]["spread"] == 0.0
     # --append adds a thread count and skips what the file already holds
