@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
 
     items.sort(key=rank)
     bf16 = [item for item in items if _dtype_param(item) == "torch.bfloat16"]
-    if bf16 and bf16_refused_here():
+    if bf16 and _kernels_refuse_bf16():
         import pytest
 
         skip = pytest.mark.skip(reason="this GPU has no bf16 tensor cores: the kernels refuse bf16")
@@ -54,12 +54,7 @@ def _dtype_param(item) -> str | None:
     return None if callspec is None else str(callspec.params.get("dtype"))
 
 
-def bf16_refused_here() -> bool:
-    """A CUDA GPU without bf16 tensor cores (a T4), where the compiled kernels refuse bf16."""
-    import torch
+def _kernels_refuse_bf16() -> bool:
+    from course_lib.runtime import kernels_refuse_bf16
 
-    if not torch.cuda.is_available():
-        return False
-    from course_lib.runtime import KERNEL_MODE, gpu_has_bf16
-
-    return KERNEL_MODE == "compiled" and not gpu_has_bf16()
+    return kernels_refuse_bf16()

@@ -7,8 +7,8 @@
 * ``"unavailable"``: Triton is not installed (it ships no wheels for macOS or Windows), it is
   older than the kernels need (:data:`TRITON_MINIMUM`), or the GPU is an AMD one (ROCm), which
   the kernels were never written or checked for. Every reference path still works; the
-  Triton backend raises a clear error, saying which of the two, instead of substituting another
-  algorithm.
+  Triton backend raises a clear error saying which (:func:`describe_kernel_mode`), instead of
+  substituting another algorithm.
 
 Setting ``TRITON_INTERPRET=1`` yourself before importing ``course_lib`` forces the interpreter.
 
@@ -50,6 +50,7 @@ __all__ = [
     "BF16_MIN_CAPABILITY",
     "gpu_has_bf16",
     "gpu_half_dtype",
+    "kernels_refuse_bf16",
 ]
 
 #: The first compute capability with bf16 tensor cores (the A100's sm_80). Before it the kernels
@@ -134,7 +135,7 @@ def triton_version() -> str | None:
 
 
 def triton_older_than(minimum: tuple[int, int]) -> str | None:
-    """The installed Triton's version where it is older than ``minimum`` (``(3, 6)``), else
+    """The installed Triton's version where it is older than ``minimum`` (major, minor), else
     None (also where Triton is not installed)."""
     version = triton_version()
     if version is None:
@@ -258,8 +259,17 @@ def describe_kernel_mode() -> str:
             "No GPU found: Triton kernels run in Triton's CPU interpreter "
             "(same code, exact results, far slower; timings need a GPU)."
         )
-    if _amd_gpu():
-        return _AMD_GPU
+    return _unavailable_reason()
+
+
+def _unavailable_reason() -> str:
+    """Why the kernels cannot run here (``KERNEL_MODE == "unavailable"``), in the order
+    :func:`_choose_mode` decides it."""
+    if importlib.util.find_spec("triton") is None:
+        return (
+            "Triton is not installed (it has wheels for Linux only): the kernel cells are "
+            "skipped; every from-scratch PyTorch cell still runs."
+        )
     old = triton_older_than(TRITON_MINIMUM)
     if old is not None:
         return (
@@ -267,28 +277,23 @@ def describe_kernel_mode() -> str:
             f"{_minimum_text(TRITON_MINIMUM)} or newer: the kernel cells are skipped; every "
             "from-scratch PyTorch cell still runs."
         )
-    return (
-        "Triton is not installed (it has wheels for Linux only): the kernel cells are skipped; "
-        "every from-scratch PyTorch cell still runs."
-    )
+    return _AMD_GPU
 
 
 def require_kernels() -> None:
     """Raise a clear error where Triton cannot run (before any hook or table is built)."""
     if KERNEL_MODE == "unavailable":
-        require_triton(
-            TRITON_MINIMUM, "backend='triton'",
+        reference = (
             " Or use backend='reference' (the from-scratch PyTorch version computes the same "
-            "function).",
-        )  # fmt: skip
-        if _amd_gpu() and importlib.util.find_spec("triton") is not None:
-            raise KernelsUnavailableError(
-                f"backend='triton': {_AMD_GPU} backend='reference' computes the same function."
-            )
-        raise KernelsUnavailableError(
-            "backend='triton' needs the triton package, which ships wheels for Linux only. "
-            "Use backend='reference' (the from-scratch PyTorch version computes the same function)."
+            "function)."
         )
+        require_triton(TRITON_MINIMUM, "backend='triton'", reference)
+        if importlib.util.find_spec("triton") is None:
+            raise KernelsUnavailableError(
+                "backend='triton' needs the triton package, which ships wheels for Linux only."
+                + reference
+            )
+        raise KernelsUnavailableError(f"backend='triton': {_AMD_GPU}{reference}")
     if KERNEL_MODE == "interpreter":
         _check_interpreter_versions()
 
@@ -328,6 +333,12 @@ def gpu_half_dtype(device: torch.device | int | None = None) -> torch.dtype:
     if not torch.cuda.is_available():
         raise RuntimeError("gpu_half_dtype() needs a CUDA GPU; none is available here")
     return torch.bfloat16 if gpu_has_bf16(device) else torch.float16
+
+
+def kernels_refuse_bf16() -> bool:
+    """Whether the kernels run compiled on a GPU without bf16 tensor cores (a T4), where they
+    refuse bf16 inputs (``kernels/common.py``, ``check_dtype_on_gpu``)."""
+    return KERNEL_MODE == "compiled" and not gpu_has_bf16()
 
 
 def check_kernel_tensors(*tensors: torch.Tensor) -> None:

@@ -1600,7 +1600,7 @@ def pick_config(
     biased: bool = False,
 ) -> StickConfig:
     """The first of :func:`fitting_configs`' forward and backward shapes."""
-    forward, backward = fitting_configs(
+    forward, _ = fitting_configs(
         head_dim, device, block, dtype=dtype, causal=causal, square=square, biased=biased
     )
     return forward[0]

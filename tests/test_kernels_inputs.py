@@ -20,7 +20,7 @@ from course_lib.attention import attention
 from course_lib.encodings import REGISTRY
 from course_lib.kernel_hooks import kernel_positions
 from course_lib.registry import attention_methods
-from course_lib.runtime import KERNEL_MODE, gpu_has_bf16, kernel_device, kernels_available
+from course_lib.runtime import kernel_device, kernels_available, kernels_refuse_bf16
 
 needs_kernels = pytest.mark.skipif(not kernels_available(), reason="Triton is not installed")
 
@@ -158,7 +158,7 @@ def test_an_infinite_key_gives_what_the_reference_gives(method, causal):
 
 @needs_kernels
 @pytest.mark.skipif(
-    KERNEL_MODE == "compiled" and not gpu_has_bf16(),
+    kernels_refuse_bf16(),
     reason="this GPU has no bf16 tensor cores: the kernels refuse bf16",
 )
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from test_bad_input import device_for, method_kwargs
 from course_lib.attention import attention, get_attention_class
 from course_lib.checks import KERNEL_HEAD_DIMS
 from course_lib.registry import REGISTRY, attention_methods, get_encoding
-from course_lib.runtime import KERNEL_MODE, gpu_has_bf16, kernels_available
+from course_lib.runtime import KERNEL_MODE, kernels_available, kernels_refuse_bf16
 
 # Hypothesis keeps caches in a folder of its own: a temporary one, not the checkout
 set_hypothesis_home_dir(tempfile.mkdtemp(prefix="course-hypothesis-"))
@@ -40,7 +40,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 #: In the interpreter bf16 is drawn by its own test (see test_bf16_agrees_or_is_refused).
 # bf16 on a GPU with bf16 tensor cores (the kernels refuse it on a T4); in the interpreter below
 DTYPES = [torch.float32, torch.float16] + (
-    [torch.bfloat16] if KERNEL_MODE == "compiled" and gpu_has_bf16() else []
+    [torch.bfloat16] if KERNEL_MODE == "compiled" and not kernels_refuse_bf16() else []
 )
 HEAD_DIMS = [d for d in KERNEL_HEAD_DIMS if d <= 32]  # the smallest the kernels take
 METHODS = list(attention_methods())

@@ -21,6 +21,12 @@ def test_mode_is_decided_and_described():
 def test_without_triton_the_kernel_wrappers_raise_a_clear_error(monkeypatch):
     monkeypatch.setattr(runtime, "KERNEL_MODE", "unavailable")
     monkeypatch.setattr(runtime, "triton_version", lambda: None)  # not installed
+    find_spec = runtime.importlib.util.find_spec
+    monkeypatch.setattr(
+        runtime.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "triton" else find_spec(name, *a),
+    )
     assert not runtime.kernels_available()
     assert "Linux" in runtime.describe_kernel_mode()
     q = torch.randn(1, 2, 4, 16)
@@ -104,6 +110,11 @@ def test_the_16_bit_dtype_of_a_gpu_is_bf16_from_compute_capability_8(monkeypatch
         assert runtime.gpu_half_dtype() == dtype and runtime.gpu_has_bf16() == (
             dtype != torch.float16
         )
+        # the test run skips the kernels' bf16 cases exactly where the compiled kernels refuse them
+        monkeypatch.setattr(runtime, "KERNEL_MODE", "compiled")
+        assert runtime.kernels_refuse_bf16() == (dtype == torch.float16)
+        monkeypatch.setattr(runtime, "KERNEL_MODE", "interpreter")
+        assert not runtime.kernels_refuse_bf16()
 
 
 @pytest.mark.skipif(not runtime.kernels_available(), reason="reads the kernels' own limit")

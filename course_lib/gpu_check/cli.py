@@ -177,8 +177,7 @@ def _unfinished(plan: Plan, rep: dict, speed_done: int | None = None) -> list[st
     far named when it is under way)."""
     left = []
     for phase in ("correctness", "notebooks", "speed", "training"):
-        planned = getattr(plan, phase)
-        if planned is None or (isinstance(planned, list) and not planned) or phase in rep:
+        if not getattr(plan, phase) or phase in rep:  # not planned (an empty list, None), or done
             continue
         if phase == "speed" and speed_done is not None:
             left.append(f"speed ({len(plan.speed) - speed_done} of {len(plan.speed)} cases left)")

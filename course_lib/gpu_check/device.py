@@ -33,7 +33,9 @@ class Device:
     @property
     def bf16(self) -> bool:
         """bf16 products on the tensor cores (compute capability 8.0 and later)."""
-        return tuple(self.capability) >= (8, 0)
+        from course_lib.runtime import BF16_MIN_CAPABILITY
+
+        return tuple(self.capability) >= BF16_MIN_CAPABILITY
 
     @property
     def timing_dtype(self) -> str:
