@@ -595,9 +595,9 @@ def linear_distance_grad(
     acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
     OPTIONS: tl.constexpr = None,
 ):  # fmt: skip
-    """Per row of the tile: ``acc_r -= sum_c dS_rc |p_i - p_j|`` (as ``d b_ij / d slope`` is
-    ``-|p_i - p_j|``); :func:`per_head_total` adds up every row."""
-    return acc - tl.sum(ds * tl.abs(pos_q - pos_k), axis=1)
+    """Per row: ``acc_r -= sum_c dS_rc |p_i - p_j|``; the distance's order: see RSE's hook."""
+    dist = tl.abs(pos_k - pos_q) if QUERY_AXIS == 0 else tl.abs(pos_q - pos_k)
+    return acc - tl.sum(ds * dist, axis=1)
 
 
 # --------------------------------------------------------------------------------------------
