@@ -41,7 +41,11 @@ def pytest_collection_modifyitems(config, items):
 
     items.sort(key=rank)
     bf16 = [item for item in items if _dtype_param(item) == "torch.bfloat16"]
-    if bf16 and _kernels_refuse_bf16():
+    if not bf16:
+        return
+    from course_lib.runtime import kernels_refuse_bf16
+
+    if kernels_refuse_bf16():
         import pytest
 
         skip = pytest.mark.skip(reason="this GPU has no bf16 tensor cores: the kernels refuse bf16")
@@ -52,9 +56,3 @@ def pytest_collection_modifyitems(config, items):
 def _dtype_param(item) -> str | None:
     callspec = getattr(item, "callspec", None)
     return None if callspec is None else str(callspec.params.get("dtype"))
-
-
-def _kernels_refuse_bf16() -> bool:
-    from course_lib.runtime import kernels_refuse_bf16
-
-    return kernels_refuse_bf16()

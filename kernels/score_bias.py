@@ -595,9 +595,9 @@ def linear_distance_grad(
     acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
     OPTIONS: tl.constexpr = None,
 ):  # fmt: skip
-    """Per row: ``acc_r -= sum_c dS_rc |p_i - p_j|``; the distance's order: see RSE's hook."""
-    dist = tl.abs(pos_k - pos_q) if QUERY_AXIS == 0 else tl.abs(pos_q - pos_k)
-    return acc - tl.sum(ds * dist, axis=1)
+    """Per row of the tile: ``acc_r -= sum_c dS_rc |p_i - p_j|`` (as ``d b_ij / d slope`` is
+    ``-|p_i - p_j|``; :func:`grad_distance`); :func:`per_head_total` adds up every row."""
+    return acc - tl.sum(ds * grad_distance(pos_q, pos_k, QUERY_AXIS), axis=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -747,3 +747,27 @@ def t5_kernel_options(options: Mapping) -> tuple:
         bidirectional,
         t5_bucket_thresholds(num_buckets, max_distance, bidirectional),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The distance a gradient needs (last in this file: a jit function's line is in its compile key)
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def grad_distance(pos_q, pos_k, QUERY_AXIS: tl.constexpr):
+    """``|p_i - p_j|`` for a hook's gradient (``pos_*`` as the hook got them). Where the tile's
+    rows are queries (``QUERY_AXIS == 0``: the stick-breaking column kernel) it is written
+    ``|p_j - p_i|``, apart from the bias's ``|p_i - p_j|``, so the compiler computes it again
+    instead of keeping the bias's float32 distance tile alive across the kernel's dK and dV
+    products (sm_90, RSE's penalty: 63 spilled accesses per iteration at head_dim 128, 7 at
+    64). Flash's dK/dV kernel, whose rows are keys, keeps the bias's form: written apart
+    there, it issued one or two more memory instructions per iteration."""
+    if QUERY_AXIS == 0:
+        distance = tl.abs(pos_k - pos_q)
+    else:
+        distance = tl.abs(pos_q - pos_k)
+    return distance
+
+
+__all__ += ["grad_distance"]

@@ -59,7 +59,7 @@ if kernels_available():
     import triton.language as tl
 
     from course_lib.kernels.fast_math import LOG2E
-    from course_lib.kernels.score_bias import BiasHook, per_head_interleaved
+    from course_lib.kernels.score_bias import BiasHook, grad_distance, per_head_interleaved
 
     @triton.jit
     def offset_linear_distance_bias(
@@ -81,20 +81,9 @@ if kernels_available():
     ):  # fmt: skip
         """Per row ``r`` of the tile: ``acc[2 r] -= sum_c dS_rc |p_i - p_j|`` (``d b_ij /
         d slope = -|p_i - p_j|``) and ``acc[2 r + 1] += sum_c dS_rc`` (``d b_ij / d offset =
-        1``), summed along the tile's columns, within each warp.
-
-        Where the rows are queries (``QUERY_AXIS == 0``: the stick-breaking column kernel) the
-        distance is written ``p_j - p_i``, not as the bias writes it, so the compiler computes
-        it again instead of keeping the bias's distance tile live across the dK and dV products
-        (on sm_90 that tile cost the column kernel 63 spilled accesses per iteration at
-        head_dim 128, 7 at 64). Flash's dK/dV kernel, whose rows are keys, keeps the bias's
-        form: written apart there, it issued one or two more memory instructions per iteration.
-        ``linear_distance_grad`` (ALiBi's, and RSE's without a stick bias) does the same."""
-        if QUERY_AXIS == 0:
-            distance = tl.abs(pos_k - pos_q)
-        else:
-            distance = tl.abs(pos_q - pos_k)
-        d_slope = -tl.sum(ds * distance, axis=1)
+        1``), summed along the tile's columns, within each warp (the distance: see
+        ``grad_distance``, which keeps the bias's tile from living across the products)."""
+        d_slope = -tl.sum(ds * grad_distance(pos_q, pos_k, QUERY_AXIS), axis=1)
         return acc + tl.interleave(d_slope, tl.sum(ds, axis=1))
 
     OFFSET_LINEAR_DISTANCE = BiasHook(

@@ -12,6 +12,7 @@ from time import perf_counter
 import torch
 
 from course_lib.host_reads import HostReads
+from course_lib.runtime import BF16_MIN_CAPABILITY
 
 __all__ = ["HOST_REPEATS", "CudaDevice", "Device", "NoGpuError", "detect"]
 
@@ -33,8 +34,6 @@ class Device:
     @property
     def bf16(self) -> bool:
         """bf16 products on the tensor cores (compute capability 8.0 and later)."""
-        from course_lib.runtime import BF16_MIN_CAPABILITY
-
         return tuple(self.capability) >= BF16_MIN_CAPABILITY
 
     @property
