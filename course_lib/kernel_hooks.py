@@ -33,7 +33,7 @@ same function at any position; past ``2^24`` a position loses its low bits in th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -159,7 +159,7 @@ def kernel_positions(positions: torch.Tensor) -> torch.Tensor:
         )
     positions = positions.to(torch.int64)
     relative = (positions - positions.amin(dim=1, keepdim=True)).to(torch.float32).contiguous()
-    return remember_facts(relative, facts)
+    return remember_facts(relative, replace(facts, lowest=0, highest=facts.span))
 
 
 def positions_ordered(positions: torch.Tensor) -> bool:

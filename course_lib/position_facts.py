@@ -4,8 +4,9 @@ The kernels take positions ``[1 or batch, seq]`` and choose their path from a fe
 them: how far one sequence spans (they hold positions as exact float32 integers, spans below
 ``2^24``), whether each sequence steps by a constant (``p_b + s_b * arange(seq)``: then a bias of
 ``p_i - p_j`` is one value per diagonal, and the kernels compute positions instead of loading
-them), and whether positions never decrease along a sequence (a causal split may then trust
-``p_j <= p_i``). Each fact is a reduction over the positions, and reading a reduction back to
+them), whether positions never decrease along a sequence (a causal split may then trust
+``p_j <= p_i``), and the smallest and largest position (a learned table has rows for
+``0 .. rows - 1`` only). Each fact is a reduction over the positions, and reading a reduction back to
 Python waits for the GPU: done one fact at a time, one ``attention()`` call waited up to five
 times, and a model does it in every layer.
 
@@ -38,13 +39,16 @@ class PositionFacts:
     ``span``: the largest ``p - min(p)`` within a row; ``affine``: every row is
     ``p_b + s_b * arange(seq)``; ``ordered``: no row ever decreases; ``step_min``,
     ``step_max``: the smallest and largest ``s_b`` (rows of one token step by 0; both 0 where
-    ``affine`` is False)."""
+    ``affine`` is False); ``lowest``, ``highest``: the smallest and largest position of all rows
+    (both 0 for no positions)."""
 
     span: int
     affine: bool
     ordered: bool
     step_min: int
     step_max: int
+    lowest: int
+    highest: int
 
 
 # tensors the course built -> (their version counter then, their last dim, their facts)
@@ -88,11 +92,11 @@ def position_facts(positions: torch.Tensor) -> PositionFacts:
     if known is not None:
         return known
     seq = positions.shape[-1]
-    if positions.numel() == 0 or seq == 1:
-        return PositionFacts(0, True, True, 0, 0)
+    if positions.numel() == 0:
+        return PositionFacts(0, True, True, 0, 0, 0, 0)
     p = positions.to(torch.int64)
     first = p[:, :1]
-    steps = p[:, 1:2] - first
+    steps = p[:, 1:2] - first if seq > 1 else torch.zeros_like(first)  # one token: step 0
     index = torch.arange(seq, device=p.device)
     affine = (p - first == steps * index).all()
     summary = torch.stack(
@@ -102,17 +106,22 @@ def position_facts(positions: torch.Tensor) -> PositionFacts:
             (p[:, 1:] >= p[:, :-1]).all().long(),
             torch.where(affine, steps.min(), 0),
             torch.where(affine, steps.max(), 0),
+            p.min(),
+            p.max(),
         )
     )
-    span, is_affine, ordered, step_min, step_max = summary.tolist()  # the one read
-    facts = PositionFacts(span, bool(is_affine), bool(ordered), step_min, step_max)
+    span, is_affine, ordered, step_min, step_max, lowest, highest = summary.tolist()  # one read
+    facts = PositionFacts(span, bool(is_affine), bool(ordered), step_min, step_max, lowest, highest)
     remember("position_facts", positions, facts)
     return facts
 
 
 def arange_positions(start: int, seq: int, device=None) -> torch.Tensor:
     """``start, start + 1, ..., start + seq - 1`` as int64 ``[seq]``, with its facts known
-    (span ``seq - 1``, step 1, ordered): the kernels never read them back."""
+    (span ``seq - 1``, step 1, ordered, from ``start`` to ``start + seq - 1``): nothing reads
+    them back."""
     positions = torch.arange(start, start + seq, device=device, dtype=torch.long)
     step = 1 if seq > 1 else 0
-    return remember_facts(positions, PositionFacts(max(seq - 1, 0), True, True, step, step))
+    ends = (start, start + seq - 1) if seq else (0, 0)
+    facts = PositionFacts(max(seq - 1, 0), True, True, step, step, *ends)
+    return remember_facts(positions, facts)

@@ -28,7 +28,8 @@ def _direct(rows: list[list[int]]) -> PositionFacts:
         ordered &= all(b >= a for a, b in zip(row, row[1:], strict=False))
         steps.append(step)
     lo, hi = (min(steps), max(steps)) if affine else (0, 0)
-    return PositionFacts(max(spans), affine, ordered, lo, hi)
+    every = [p for row in rows for p in row]
+    return PositionFacts(max(spans), affine, ordered, lo, hi, min(every), max(every))
 
 
 CASES = {
@@ -174,3 +175,40 @@ def test_a_model_step_reads_back_once_whatever_its_depth():
     with HostReads() as reads:
         model(ids, labels=ids).loss.backward()
     assert reads.count == 1
+
+
+# Reads back to the host in one layer call (forward and backward, positions the layer built),
+# and why: each is a wait for the GPU in every layer of every training step, so the list is
+# kept short and each entry has a reason. Anything not listed reads nothing.
+LAYER_READS = {
+    "rse": (2, "its parameters' finiteness; lambda >= 0"),
+    "kerple": (2, "its parameters' finiteness; r1, r2 > 0 (and r2 <= 2 for the power variant)"),
+    "t5": (2, "the table's finiteness; the bucket reach, computed on the host (no GPU wait)"),
+    "xpos": (1, "the reach of its scales, computed on the host (no GPU wait)"),
+    "cope": (1, "the position vectors' finiteness"),
+    "fox": (2, "the gates' finiteness; log f <= 0, and the lowest gate (the kernels' sum bound)"),
+}
+
+
+def _sequence_encodings() -> list[str]:
+    from course_lib.registry import sequence_encodings
+
+    return list(sequence_encodings())
+
+
+@pytest.mark.parametrize("name", _sequence_encodings())
+def test_a_layer_reads_back_only_what_its_parameters_need(name):
+    from course_lib.kernels.common import planned_launches
+
+    from course_lib.registry import get_encoding
+    from course_lib.runtime import kernels_available
+
+    if not kernels_available():
+        pytest.skip("Triton is not installed")
+    torch.manual_seed(0)
+    layer = get_encoding(name).module(32, 2, max_position_embeddings=64, backend="triton")
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    with planned_launches(90), HostReads() as reads:  # launches recorded, not run
+        layer(x, causal=True).sum().backward()
+    expected, why = LAYER_READS.get(name, (0, "nothing"))
+    assert reads.count == expected, f"{name}: {reads.count} reads, expected {expected} ({why})"

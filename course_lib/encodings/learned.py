@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import any_true, check_real
+from course_lib.checks import check_real, has_values
 from course_lib.layers import PositionalSelfAttention
+from course_lib.position_facts import position_facts
 from course_lib.registry import Encoding, register
 
 __all__ = ["LearnedAttention"]
@@ -46,21 +47,29 @@ class LearnedAttention(PositionalSelfAttention):
             self.position_embeddings.weight.mul_(self.init_std / std)
 
     def add_positions(self, hidden_states, position_ids):
-        limit = self.position_embeddings.num_embeddings
-        if any_true(position_ids < 0):
-            raise ValueError(
-                f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
-                f"{int(position_ids.min())}: row p of the table is position p, so positions must "
-                "be >= 0"
-            )
-        if any_true(position_ids >= limit):
-            raise ValueError(
-                f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
-                f"{int(position_ids.max())}. A learned table knows nothing past its last row; "
-                "to stretch it on purpose call resize_position_table(new_size) (linear interpolation)."
-            )
+        self._check_rows(position_ids)
         h = hidden_states + self.position_embeddings(position_ids).to(hidden_states.dtype)
         return h, h
+
+    def _check_rows(self, position_ids: torch.Tensor) -> None:
+        """Every position has a row of the table: ``0 <= p < rows``. The smallest and largest
+        position come from :func:`~course_lib.position_facts.position_facts` (one read, none
+        for positions the layer built); no values, or a meta tensor, have nothing to check."""
+        if not position_ids.numel() or not has_values(position_ids):
+            return
+        facts = position_facts(position_ids.reshape(-1, position_ids.shape[-1]))
+        limit = self.position_embeddings.num_embeddings
+        if facts.lowest < 0:
+            raise ValueError(
+                f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
+                f"{facts.lowest}: row p of the table is position p, so positions must be >= 0"
+            )
+        if facts.highest >= limit:
+            raise ValueError(
+                f"learned position table has {limit} rows (positions 0..{limit - 1}), got position "
+                f"{facts.highest}. A learned table knows nothing past its last row; "
+                "to stretch it on purpose call resize_position_table(new_size) (linear interpolation)."
+            )
 
     @torch.no_grad()
     def resize_position_table(self, new_size: int) -> None:
