@@ -212,3 +212,14 @@ def test_a_layer_reads_back_only_what_its_parameters_need(name):
         layer(x, causal=True).sum().backward()
     expected, why = LAYER_READS.get(name, (0, "nothing"))
     assert reads.count == expected, f"{name}: {reads.count} reads, expected {expected} ({why})"
+
+
+def test_the_gpu_checks_positions_are_built_as_a_layers_are():
+    # its speed cases time what a model runs: positions whose facts are known, never read
+    from course_lib.gpu_check.cases import positions_for
+    from course_lib.registry import get_encoding
+
+    positions = positions_for(get_encoding("alibi"), 8, "cpu")
+    with HostReads() as reads:
+        facts = position_facts(positions[None])
+    assert reads.count == 0 and facts == _direct([list(range(8))])

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.position_facts import arange_positions
 from course_lib.registry import Encoding, attention_methods
 
 __all__ = [
@@ -33,13 +34,14 @@ def methods() -> dict[str, Encoding | None]:
 
 def positions_for(encoding: Encoding | None, seq: int, device) -> torch.Tensor | None:
     """The ``position_ids`` ``attention()`` takes for ``encoding``: None for a method that reads
-    none, ``arange(seq)`` for sequences, ``(row, column)`` on a grid ``GRID_WIDTH`` wide for
-    encodings of 2-D tokens."""
+    none, ``0 .. seq - 1`` for sequences as every layer builds them (with their facts known, so
+    a call waits for no read of them, as in a model: :func:`course_lib.position_facts.arange_positions`),
+    ``(row, column)`` on a grid ``GRID_WIDTH`` wide for encodings of 2-D tokens."""
     if encoding is None or not encoding.uses_positions:
         return None
-    index = torch.arange(seq, device=device)
     if encoding.position_dims == 1:
-        return index
+        return arange_positions(0, seq, device)
+    index = torch.arange(seq, device=device)
     return torch.stack((index // GRID_WIDTH, index % GRID_WIDTH), dim=-1)
 
 

@@ -5,7 +5,8 @@ head_dim`` heads, so every length holds 16384 tokens of width 2048; causal; bf16
 without bf16). Per method and size, forward and forward + backward:
 
 * ``kernel``: ``attention(..., backend="triton")`` with the method's parameters (tables built
-  per call, as a user's call builds them);
+  per call, as a user's call builds them) and positions as a layer builds them (their facts
+  known, so no call waits to read them: :func:`.cases.positions_for`);
 * the alternative, decided from the record: plain attention is PyTorch's SDPA; a q/k transform
   alone is the record's PyTorch transform, then SDPA; a score bias that depends on the distance
   only (checked on the record's own bias by shifting every position) is FlexAttention with a
