@@ -87,8 +87,9 @@ ABLATIONS: tuple[Arm, ...] = (
     Arm(
         "rope.dynamic",
         "rope",
-        "RoPE read past its training length with dynamic NTK scaling (notebook 07's best "
-        "zero-shot rule); up to the training length it is plain RoPE, so it trains exactly like it",
+        "RoPE read past its training length with dynamic NTK scaling (notebook 07's zero-shot "
+        "rule that changes nothing in range); up to the training length it is plain RoPE, so it "
+        "trains exactly like it",
         _dynamic_ntk,
         ("long@7L", "bucket0"),
         _CAUSAL,
