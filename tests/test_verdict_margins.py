@@ -198,3 +198,35 @@ def test_notebook_06s_printed_live_losses_sit_three_spreads_from_a_rounding_boun
         assert len({round(v, experiment.LIVE_DIGITS) for v in values}) == 1, name
         checked += 1
     assert checked == 4 * len(experiment.LENGTHS)
+
+
+# -- notebook 11: the live comparison is trained again at every run --------------------------------
+
+COMMITTED_11 = REPO / "figures" / "11_verdict_margins.json"
+
+
+def test_notebook_11s_live_verdicts_keep_three_spreads_in_every_setting_measured():
+    from course_lib.teaching import capstone
+
+    report = json.loads(COMMITTED_11.read_text())
+    assert report["function"] == "course_lib.teaching.capstone:live_seed"
+    assert {s["capability"] for s in report["settings"]} >= {"DEFAULT", "AVX2"}
+    assert set(report["verdicts"]) == {v.label for v in capstone.VERDICTS}
+    for label, entry in report["verdicts"].items():
+        assert entry["holds_everywhere"], label
+        assert entry["margin"] >= vm.MARGIN_FACTOR, (label, entry["margin"])
+
+
+def test_notebook_11s_margins_train_the_sandwich_file_the_notebook_writes():
+    from course_lib.teaching import capstone
+
+    source = capstone.notebook_sandwich()
+    assert "register(" in source and "sandwich" in source
+    assert (capstone.LIVE_ARMS, capstone.LIVE_SEEDS, capstone.LIVE_STEPS) == (
+        ("sandwich", "rope", "alibi"), 5, 60,
+    )  # fmt: skip
+    cells = json.loads(capstone.NOTEBOOK.read_text())["cells"]
+    assert any(
+        'live_comparison(["sandwich", "rope", "alibi"], seeds=5, steps=60)' in "".join(c["source"])
+        for c in cells
+    )

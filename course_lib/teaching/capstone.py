@@ -5,6 +5,9 @@
 seeds for every arm, so differences can be paired). ``plot_live_comparison`` draws them, one line
 per seed. ``table_path_cost()`` reads what the committed static GPU model says a bias read from a
 table per distance costs, relative to plain flash attention (an estimate, not a time).
+``live_seed(seed)`` is one seed of the notebook's live comparison, for
+:mod:`course_lib.teaching.verdict_margins` (its :data:`VERDICTS`: the notebook's printed claims),
+which measured how far they move between CPU kernel settings (``figures/11_verdict_margins.json``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ from tqdm.auto import tqdm
 
 from course_lib.compare import PRESETS, run_one
 
-__all__ = ["live_comparison", "measured_table_path", "plot_live_comparison", "table_path_cost"]
+__all__ = [
+    "VERDICTS",
+    "live_comparison",
+    "live_seed",
+    "measured_table_path",
+    "notebook_sandwich",
+    "plot_live_comparison",
+    "table_path_cost",
+]
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
 
@@ -98,3 +109,82 @@ def measured_table_path(methods: tuple[str, ...] = ("t5", "kerple")) -> dict:
            "plain_ms": plain}  # fmt: skip
     out.update({m: (ms(m), ms(m) / plain) for m in methods})
     return out
+
+
+# -- how far the live comparison's verdicts move between CPUs ------------------------------------
+#: The live comparison as notebook 11 runs it: its arms, seeds and steps.
+LIVE_ARMS = ("sandwich", "rope", "alibi")
+LIVE_SEEDS = 5
+LIVE_STEPS = 60
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "11_your_own_encoding.ipynb"
+
+
+def notebook_sandwich() -> str:
+    """The Sandwich encoding file notebook 11 writes (the ``SANDWICH = '''...'''`` of its cell),
+    read from the notebook, so that what is measured here is what the learner runs."""
+    import ast
+
+    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    for cell in notebook["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith("SANDWICH = '''"):
+            for node in ast.parse(source).body:
+                if isinstance(node, ast.Assign) and node.targets[0].id == "SANDWICH":
+                    return ast.literal_eval(node.value)
+    raise LookupError(f"no SANDWICH = '''...''' cell in {NOTEBOOK.name}")
+
+
+def live_seed(seed: int) -> dict[str, float]:
+    """``{arm: final validation loss}`` of one seed of notebook 11's live comparison (for
+    :mod:`course_lib.teaching.verdict_margins`: one setting of CPU kernels and threads per
+    process)."""
+    from course_lib.teaching.scratch import write_encoding
+
+    write_encoding("sandwich", notebook_sandwich())
+    tiny = PRESETS["tiny"]
+    preset = replace(tiny, probes=(), train=replace(tiny.train, steps=LIVE_STEPS))
+    out = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for arm in LIVE_ARMS:
+            result = run_one(arm, "clm", preset, seed=seed, out_dir=folder, progress=False,
+                             threads=1)  # fmt: skip
+            out[arm] = result["metrics"]["final_val_loss"]
+    return out
+
+
+def _paired_high(other: str):
+    """The upper end of notebook 11's interval of Sandwich minus ``other`` (2 claims,
+    Bonferroni at a joint 95%): the verdict "lower" needs it below 0."""
+
+    def high(values) -> float:
+        from course_lib.teaching.seed_verdicts import SeedClaims
+
+        seeds = sorted(values, key=int)
+        paired = SeedClaims(family=2).paired(
+            [values[s]["sandwich"] for s in seeds], [values[s][other] for s in seeds]
+        )
+        return paired.high
+
+    return high
+
+
+def _worst_gap(other: str):
+    def worst(values) -> float:
+        return max(v["sandwich"] - v[other] for v in values.values())
+
+    return worst
+
+
+def _verdicts():
+    from course_lib.teaching.verdict_margins import Verdict
+
+    out = []
+    for other in ("rope", "alibi"):
+        out.append(Verdict(f"Sandwich minus {other}: the interval's upper end below 0",
+                           _paired_high(other), 0.0, False))  # fmt: skip
+        out.append(Verdict(f"Sandwich minus {other}: below 0 in every seed", _worst_gap(other),
+                           0.0, False))  # fmt: skip
+    return tuple(out)
+
+
+VERDICTS = _verdicts()
