@@ -12,6 +12,7 @@ which measured how far they move between CPU kernel settings (``figures/11_verdi
 
 from __future__ import annotations
 
+import ast
 import json
 import tempfile
 from dataclasses import replace
@@ -20,6 +21,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from course_lib.compare import PRESETS, run_one
+from course_lib.teaching.scratch import write_encoding
+from course_lib.teaching.seed_verdicts import SeedClaims
+from course_lib.teaching.verdict_margins import Verdict
 
 __all__ = [
     "VERDICTS",
@@ -27,11 +31,23 @@ __all__ = [
     "live_seed",
     "measured_table_path",
     "notebook_sandwich",
+    "per_seed",
     "plot_live_comparison",
     "table_path_cost",
 ]
 
 FIGURES = Path(__file__).resolve().parents[2] / "figures"
+
+
+def _tiny_preset(steps: int):
+    """The ``tiny`` preset (its model, data and learning rate) with ``steps`` steps, no probes."""
+    tiny = PRESETS["tiny"]
+    return replace(tiny, probes=(), train=replace(tiny.train, steps=steps))
+
+
+def _final_loss(arm: str, objective: str, preset, seed: int, out_dir: str) -> float:
+    result = run_one(arm, objective, preset, seed=seed, out_dir=out_dir, progress=False, threads=1)
+    return result["metrics"]["final_val_loss"]
 
 
 def live_comparison(
@@ -41,15 +57,12 @@ def live_comparison(
     and learning rate; no probes, no sweep), ``steps`` training steps, one torch thread."""
     if not arms or seeds < 2 or steps < 1:
         raise ValueError("give at least one arm, 2 seeds or more and at least 1 step")
-    tiny = PRESETS["tiny"]
-    preset = replace(tiny, probes=(), train=replace(tiny.train, steps=steps))
+    preset = _tiny_preset(steps)
     losses: dict[str, list[float]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory() as out, tqdm(total=len(arms) * seeds, desc="runs") as bar:
         for seed in range(seeds):
             for arm in arms:
-                result = run_one(arm, objective, preset, seed=seed, out_dir=out, progress=False,
-                                 threads=1)  # fmt: skip
-                losses[arm].append(result["metrics"]["final_val_loss"])
+                losses[arm].append(_final_loss(arm, objective, preset, seed, out))
                 bar.update(1)
     return losses
 
@@ -122,34 +135,31 @@ NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "11_your_own_enco
 def notebook_sandwich() -> str:
     """The Sandwich encoding file notebook 11 writes (the ``SANDWICH = '''...'''`` of its cell),
     read from the notebook, so that what is measured here is what the learner runs."""
-    import ast
-
     notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
     for cell in notebook["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and source.startswith("SANDWICH = '''"):
             for node in ast.parse(source).body:
-                if isinstance(node, ast.Assign) and node.targets[0].id == "SANDWICH":
+                target = node.targets[0] if isinstance(node, ast.Assign) else None
+                if isinstance(target, ast.Name) and target.id == "SANDWICH":
                     return ast.literal_eval(node.value)
     raise LookupError(f"no SANDWICH = '''...''' cell in {NOTEBOOK.name}")
 
 
 def live_seed(seed: int) -> dict[str, float]:
     """``{arm: final validation loss}`` of one seed of notebook 11's live comparison (for
-    :mod:`course_lib.teaching.verdict_margins`: one setting of CPU kernels and threads per
-    process)."""
-    from course_lib.teaching.scratch import write_encoding
-
+    :mod:`course_lib.teaching.verdict_margins`: one setting of CPU kernels per process)."""
     write_encoding("sandwich", notebook_sandwich())
-    tiny = PRESETS["tiny"]
-    preset = replace(tiny, probes=(), train=replace(tiny.train, steps=LIVE_STEPS))
-    out = {}
-    with tempfile.TemporaryDirectory() as folder:
-        for arm in LIVE_ARMS:
-            result = run_one(arm, "clm", preset, seed=seed, out_dir=folder, progress=False,
-                             threads=1)  # fmt: skip
-            out[arm] = result["metrics"]["final_val_loss"]
-    return out
+    preset = _tiny_preset(LIVE_STEPS)
+    with tempfile.TemporaryDirectory() as out:
+        return {arm: _final_loss(arm, "clm", preset, seed, out) for arm in LIVE_ARMS}
+
+
+def per_seed(losses: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """:func:`live_comparison`'s ``{arm: [per seed]}`` as ``{seed: {arm: loss}}``, the form
+    :data:`VERDICTS` read (and :func:`live_seed` gives, one seed at a time)."""
+    seeds = len(next(iter(losses.values())))
+    return {str(s): {arm: values[s] for arm, values in losses.items()} for s in range(seeds)}
 
 
 def _paired_high(other: str):
@@ -157,34 +167,31 @@ def _paired_high(other: str):
     Bonferroni at a joint 95%): the verdict "lower" needs it below 0."""
 
     def high(values) -> float:
-        from course_lib.teaching.seed_verdicts import SeedClaims
-
         seeds = sorted(values, key=int)
-        paired = SeedClaims(family=2).paired(
-            [values[s]["sandwich"] for s in seeds], [values[s][other] for s in seeds]
-        )
-        return paired.high
+        sandwich, against = ([values[s][arm] for s in seeds] for arm in ("sandwich", other))
+        return SeedClaims(family=2).paired(sandwich, against).high
 
     return high
 
 
 def _worst_gap(other: str):
-    def worst(values) -> float:
-        return max(v["sandwich"] - v[other] for v in values.values())
-
-    return worst
-
-
-def _verdicts():
-    from course_lib.teaching.verdict_margins import Verdict
-
-    out = []
-    for other in ("rope", "alibi"):
-        out.append(Verdict(f"Sandwich minus {other}: the interval's upper end below 0",
-                           _paired_high(other), 0.0, False))  # fmt: skip
-        out.append(Verdict(f"Sandwich minus {other}: below 0 in every seed", _worst_gap(other),
-                           0.0, False))  # fmt: skip
-    return tuple(out)
+    """Sandwich minus ``other`` in the seed where Sandwich does worst: "lower in every seed"
+    needs it below 0."""
+    return lambda values: max(v["sandwich"] - v[other] for v in values.values())
 
 
-VERDICTS = _verdicts()
+#: Notebook 11's printed claims (the cell checks them with ``VERDICTS``, and
+#: ``figures/11_verdict_margins.json`` measures how far each moves between CPU settings).
+VERDICTS = tuple(
+    verdict
+    for other in ("rope", "alibi")
+    for verdict in (
+        Verdict(
+            f"Sandwich minus {other}: the interval's upper end below 0",
+            _paired_high(other),
+            0.0,
+            False,
+        ),
+        Verdict(f"Sandwich minus {other}: below 0 in every seed", _worst_gap(other), 0.0, False),
+    )
+)
