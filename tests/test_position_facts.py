@@ -17,6 +17,8 @@ import torch
 from course_lib.call_scope import call_scope
 from course_lib.host_reads import HostReads
 from course_lib.position_facts import PositionFacts, arange_positions, position_facts
+from course_lib.registry import get_encoding, sequence_encodings
+from course_lib.runtime import kernels_available
 
 
 def _direct(rows: list[list[int]]) -> PositionFacts:
@@ -123,9 +125,6 @@ def _sequence_methods() -> list[str]:
 def test_attention_reads_given_positions_once_per_call_and_built_ones_never(method):
     # the call's other reads (value checks) are the same either way: the difference is what
     # the positions cost
-    from course_lib.registry import get_encoding
-    from course_lib.runtime import kernels_available
-
     if not kernels_available():
         pytest.skip("Triton is not installed")
     built = _attention_reads(method, arange_positions(0, 8))
@@ -163,7 +162,6 @@ def test_a_model_step_reads_back_once_whatever_its_depth():
     # its token ids and labels, checked together; the layers' positions are built, and ALiBi
     # checks no values of its own
     from course_lib.model import BertConfig, MiniBert
-    from course_lib.runtime import kernels_available
 
     if not kernels_available():
         pytest.skip("Triton is not installed")
@@ -190,18 +188,9 @@ LAYER_READS = {
 }
 
 
-def _sequence_encodings() -> list[str]:
-    from course_lib.registry import sequence_encodings
-
-    return list(sequence_encodings())
-
-
-@pytest.mark.parametrize("name", _sequence_encodings())
+@pytest.mark.parametrize("name", list(sequence_encodings()))
 def test_a_layer_reads_back_only_what_its_parameters_need(name):
     from course_lib.kernels.common import planned_launches
-
-    from course_lib.registry import get_encoding
-    from course_lib.runtime import kernels_available
 
     if not kernels_available():
         pytest.skip("Triton is not installed")
@@ -217,7 +206,6 @@ def test_a_layer_reads_back_only_what_its_parameters_need(name):
 def test_the_gpu_checks_positions_are_built_as_a_layers_are():
     # its speed cases time what a model runs: positions whose facts are known, never read
     from course_lib.gpu_check.cases import positions_for
-    from course_lib.registry import get_encoding
 
     positions = positions_for(get_encoding("alibi"), 8, "cpu")
     with HostReads() as reads:
