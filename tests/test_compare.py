@@ -48,7 +48,12 @@ from course_lib.compare.claims import (
     untested_questions,
 )
 from course_lib.compare.figures import plot_position_buckets, write_figures
-from course_lib.compare.results import REPO_ROOT, headline_markdown, summary_markdown
+from course_lib.compare.results import (
+    REPO_ROOT,
+    describe_runs,
+    headline_markdown,
+    summary_markdown,
+)
 from course_lib.data import (
     IGNORE_INDEX,
     MASK_ID,
@@ -310,6 +315,13 @@ def test_interrupted_run_resumes_to_the_same_result(clm_runs, tmp_path, monkeypa
         )
     for name, entry in reference["evaluation"].items():
         assert resumed["evaluation"][name]["loss"] == pytest.approx(entry["loss"], abs=1e-6)
+    # its training time counts both segments, its process time the last one: the report
+    # says which is which instead of calling one a part of the other
+    assert resumed["metrics"]["train_cpu_seconds"] > reference["metrics"]["train_cpu_seconds"] / 2
+    text = describe_runs([resumed, reference])
+    assert "of the 1 run resumed after an interruption, only the last segment counts" in text
+    assert "in training steps (every segment counted)" in text and "of it in" not in text
+    assert "of it in training steps, the rest evaluation and probes" in describe_runs([reference])
     ours = load_checkpoint(checkpoint)["model"]
     theirs = load_checkpoint(reference_dir / "checkpoints" / "clm_rse_s0.pt")["model"]
     for name, tensor in theirs.items():

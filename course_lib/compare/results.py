@@ -224,13 +224,24 @@ def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
     cpu = sum(r["metrics"]["cpu_seconds_this_segment"] for r in results)
     train_cpu = sum(r["metrics"]["train_cpu_seconds"] for r in results)
     loads = [x for r in results if (x := r["metrics"].get("cpu_load_average_1min")) is not None]
+    resumed = sum(r["metrics"].get("training_segments", 1) > 1 for r in results)
+    if resumed:  # its training counts every segment, its process time the last one only
+        cost = (
+            f"took {_cpu_time(cpu)} (process time, evaluation and probes included; of the "
+            f"{resumed} run{'s' if resumed > 1 else ''} resumed after an interruption, only the "
+            f"last segment counts) and {_cpu_time(train_cpu)} in training steps (every segment "
+            "counted)"
+        )
+    else:
+        cost = (
+            f"took {_cpu_time(cpu)} (process time; {_cpu_time(train_cpu)} of it in training "
+            "steps, the rest evaluation and probes)"
+        )
     text = (
         f"Model: {preset_description(results)}. Hardware: {hardware_label(first['hardware'])}. "
         f"Seeds: {', '.join(map(str, seeds))} (each seeds the initialisation and the order of "
         "the training data; probe examples, masks and evaluation text are the same for every "
-        f"run). The {len(results)} runs took {cpu / 60:.1f} CPU-minutes (process time; "
-        f"{train_cpu / 60:.1f} of them in training steps, the rest evaluation and probes; a run "
-        "resumed after an interruption counts its last segment only)"
+        f"run). The {len(results)} runs {cost}"
     )
     if loads:
         text += (
@@ -262,6 +273,11 @@ def describe_runs(results: list[dict], folder: str | Path | None = None) -> str:
             f"{(total_cpu - cpu) / 60:.1f} CPU-minutes included)."
         )
     return text
+
+
+def _cpu_time(seconds: float) -> str:
+    """Process time as people read it: minutes to one decimal, under a minute in seconds."""
+    return f"{seconds / 60:.1f} CPU-minutes" if seconds >= 60 else f"{seconds:.0f} CPU-seconds"
 
 
 def _sweep_cpu(folder: str | Path | None) -> float:
