@@ -104,6 +104,18 @@ def _measured(method: str, seq: int = 4096, head_dim: int = 64) -> float | None:
     return times["softmax"] / times[method]
 
 
+def _measured_model(method: str, seq: int = 4096, head_dim: int = 64) -> float | None:
+    """What the calibrated model says of the kernels the H200 timed (the calibration's row of
+    the measured shape, forward + backward), fitted with ``method`` left out; None without it."""
+    rows = json.loads((calibrate.ROOT / calibrate.CALIBRATION).read_text())["rows"]
+    for r in rows:
+        if (r["method"], r["pass_"], r["seq"], r["head_dim"], r["dtype"], r["causal"]) == (
+            method, "fwd+bwd", seq, head_dim, "bf16", True
+        ):  # fmt: skip
+            return r["predicted_loo"]
+    return None
+
+
 def _no_overlap(row: dict) -> float:
     """Plain flash's cycles per pair over the row's on the no-overlap bound (every instruction
     class in turn with the products; the per-token passes' cycles included)."""
@@ -116,15 +128,17 @@ def fused_cost(method: str, rep: dict | None = None) -> dict:
     "memory": {kernel: share} (head_dim 64), "measured": ratio or None}`` for one modelled
     method (:func:`runs`; ratios: plain flash's time over the method's; ``no_overlap``: the
     uncalibrated bound that charges every instruction in turn; ``memory``: each kernel's memory
-    instructions per pair over plain flash's, all three kernels together). ``rep``: the
-    committed report, read if not given."""
+    instructions per pair over plain flash's, all three kernels together; ``measured_model``:
+    the calibrated model of the kernels the H200 timed, that method left out of the fit, or
+    None). ``rep``: the committed report, read if not given."""
     run = runs(method)
     rep = json.loads(GPU_REPORT.read_text()) if rep is None else rep
     params = calibrate.committed_params()
     rows = {d: _model_row(rep, method, d) for d in (64, 128)}
     return dict(calibrated={d: calibrate.predict(params, r) for d, r in rows.items()},
                 no_overlap={d: _no_overlap(r) for d, r in rows.items()},
-                memory=_memory_by_kernel(rep, run, 64), measured=_measured(method))  # fmt: skip
+                memory=_memory_by_kernel(rep, run, 64), measured=_measured(method),
+                measured_model=_measured_model(method))  # fmt: skip
 
 
 def _times(ratio: float) -> str:
@@ -156,7 +170,10 @@ def print_fused_costs(methods: tuple[str, ...]) -> None:
         else:
             print(f"    static model: not modelled ({calibrate.UNMODELLED.get(m, '')})")
         if cost["measured"] is not None:
-            print(f"    measured on the {gpu}, head_dim 64: {_times(cost['measured'])}")
+            then = cost.get("measured_model")
+            print(f"    measured on the {gpu}, head_dim 64: {_times(cost['measured'])}"
+                  + ("" if then is None else f"; the calibrated model of those kernels "
+                     f"(fitted without {_LABELS.get(m, m)}): {_times(then)}"))  # fmt: skip
         if modelled:
             shares = ", ".join(
                 f"{k} {v:.2f}" + (f" (plain {plain[k]:.2f})" if k in plain else "")
