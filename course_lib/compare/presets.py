@@ -426,7 +426,7 @@ PRESETS: dict[str, Preset] = {
             ProbeSpec(
                 "word_order", 512, 2048, _probe_config(200, 32, 1e-3), finetune_seeds=(0, 1, 2)
             ),  # fmt: skip
-            # The causal models only: it keeps the CPU budget (the gpu preset runs both).
+            # The causal models only, as in the gpu preset (it keeps the CPU budget).
             ProbeSpec(
                 "retrieval",
                 2048,
