@@ -35,6 +35,7 @@ __all__ = [
     "kernel_mode",
     "kernel_device",
     "describe_kernel_mode",
+    "unavailable_brief",
     "kernels_available",
     "kernel_compute_dtype",
     "load_kernel_module",
@@ -257,9 +258,21 @@ def describe_kernel_mode() -> str:
     if KERNEL_MODE == "interpreter":
         return (
             "No GPU found: Triton kernels run in Triton's CPU interpreter "
-            "(same code, exact results, far slower; timings need a GPU)."
+            "(the same kernel code, far slower; bf16 inputs are computed in float32; timings "
+            "need a GPU)."
         )
     return _unavailable_reason()
+
+
+def unavailable_brief() -> str:
+    """Why the kernels cannot run here, in a few words (``KERNEL_MODE == "unavailable"``; the
+    whole sentence is :func:`describe_kernel_mode`'s)."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed; it has wheels for Linux only"
+    old = triton_older_than(TRITON_MINIMUM)
+    if old is not None:
+        return f"Triton {old} is older than the {_minimum_text(TRITON_MINIMUM)} the kernels need"
+    return "the kernels are written for NVIDIA GPUs, and this is an AMD one"
 
 
 def _unavailable_reason() -> str:

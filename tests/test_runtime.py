@@ -29,6 +29,7 @@ def test_without_triton_the_kernel_wrappers_raise_a_clear_error(monkeypatch):
     )
     assert not runtime.kernels_available()
     assert "Linux" in runtime.describe_kernel_mode()
+    assert runtime.unavailable_brief() == "Triton is not installed; it has wheels for Linux only"
     q = torch.randn(1, 2, 4, 16)
     with pytest.raises(runtime.KernelsUnavailableError, match="backend='reference'"):
         flash_attention(q, q, q)
@@ -67,6 +68,7 @@ def test_a_triton_older_than_the_kernels_need_is_named_with_its_upgrade(monkeypa
     monkeypatch.setattr(runtime, "KERNEL_MODE", "unavailable")
     assert "Triton 3.3.1 is installed" in runtime.describe_kernel_mode()
     assert "3.4 or newer" in runtime.describe_kernel_mode()
+    assert runtime.unavailable_brief() == "Triton 3.3.1 is older than the 3.4 the kernels need"
     q = torch.randn(1, 2, 4, 16)
     with pytest.raises(runtime.KernelsUnavailableError, match=r"this is Triton 3\.3\.1") as err:
         flash_attention(q, q, q)
@@ -134,6 +136,7 @@ def test_an_amd_gpu_leaves_the_kernels_unavailable_and_says_how_to_run_them(monk
     assert runtime._choose_mode() == "unavailable"
     monkeypatch.setattr(runtime, "KERNEL_MODE", "unavailable")
     assert "AMD GPU (ROCm)" in runtime.describe_kernel_mode()
+    assert "AMD" in runtime.unavailable_brief()
     if runtime.triton_version() is not None and not runtime.triton_older_than(
         runtime.TRITON_MINIMUM
     ):

@@ -146,10 +146,12 @@ def test_agree_compares_tensors_the_run_returns_itself(monkeypatch):
 
 def test_agree_substitutes_nothing_where_kernels_cannot_run(monkeypatch, capsys):
     monkeypatch.setattr(kernel_swap, "kernels_available", lambda: False)
+    monkeypatch.setattr(kernel_swap, "unavailable_brief", lambda: "Triton 3.3.1 is too old")
     calls = []
     assert kernel_swap.agree("toy", lambda backend: calls.append(backend)) is None
     assert calls == []
-    assert "kernel not run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "kernel not run (Triton 3.3.1 is too old)" in out and "nothing is substituted" in out
 
 
 def test_time_ms_does_not_time_without_a_gpu(monkeypatch):

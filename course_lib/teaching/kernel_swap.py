@@ -4,8 +4,8 @@
 same fixed upstream gradient through both and compares the outputs and the gradients of every
 tensor in ``wrt`` (plus any the run returns itself, such as a module's parameters). It prints
 one verdict line and raises ``AssertionError`` when the kernel disagrees, so a notebook cell that
-calls it fails loudly. Where Triton cannot run (macOS, Windows) nothing is substituted: the line
-says the kernel was not run.
+calls it fails loudly. Where the kernels cannot run (no Triton, as on macOS and Windows; a Triton
+too old; an AMD GPU) nothing is substituted: the line says the kernel was not run, and why.
 
 ``time_ms(fn, *args, **kwargs)`` times ``fn`` on a GPU. In Triton's CPU interpreter kernel
 timings mean nothing, so there it does not time: it raises, and :func:`timings_available` tells
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from course_lib.runtime import KERNEL_MODE, gpu_half_dtype, kernels_available
+from course_lib.runtime import KERNEL_MODE, gpu_half_dtype, kernels_available, unavailable_brief
 
 __all__ = ["agree", "time_ms", "timing_dtype", "timings_available", "NO_TIMINGS"]
 
@@ -69,12 +69,12 @@ def agree(
     and every gradient.
 
     Prints one line when everything agrees; raises ``AssertionError`` naming what differs (and by
-    how much) otherwise. Where Triton cannot run, prints that the kernel was not run (the
+    how much) otherwise. Where the kernels cannot run, prints that the kernel was not run and why (the
     reference is not substituted for it). Returns nothing, so a notebook cell shows only the line.
     """
     wrt = dict(wrt or {})
     if not kernels_available():
-        print(f"{label}: kernel not run (Triton needs Linux); nothing is substituted")
+        print(f"{label}: kernel not run ({unavailable_brief()}); nothing is substituted")
         return
     ref_out, ref_grads = _outputs_and_grads(run("reference"), wrt, seed)
     tri_out, tri_grads = _outputs_and_grads(run("triton"), wrt, seed)
