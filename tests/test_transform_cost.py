@@ -33,8 +33,24 @@ def test_the_passes_share_of_plain_attention_halves_when_the_sequence_doubles():
     from course_lib.teaching.transform_cost import pass_share
 
     for head_dim in (64, 128):
-        share = pass_share(4096, head_dim)
+        share = pass_share(4096, head_dim, calibrated=False)
         assert 0 < share < 1
-        assert pass_share(8192, head_dim) == pytest.approx(share / 2)
-    with pytest.raises(ValueError, match="no plain flash row"):
-        pass_share(4096, head_dim=32)
+        assert pass_share(8192, head_dim, calibrated=False) == pytest.approx(share / 2)
+        # calibrated, the loops' cycles per pair move a little with the share of diagonal tiles
+        assert pass_share(8192, head_dim) == pytest.approx(pass_share(4096, head_dim) / 2, rel=0.02)
+    for calibrated in (True, False):
+        with pytest.raises(ValueError, match="no plain flash row"):
+            pass_share(4096, head_dim=32, calibrated=calibrated)
+
+
+def test_the_calibrated_share_is_what_the_calibrated_model_says_of_rope():
+    """RoPE's loops are plain flash's; what the calibrated model puts between them is the
+    passes: RoPE's predicted ratio to plain flash is 1 / (1 + share), within the few percent
+    by which its report row's loops differ from plain flash's."""
+    from course_lib.teaching.fused_cost import fused_cost
+    from course_lib.teaching.transform_cost import pass_share
+
+    for head_dim, ratio in fused_cost("rope")["calibrated"].items():
+        assert 1 / ratio - 1 == pytest.approx(pass_share(4096, head_dim), rel=0.05)
+        # the uncalibrated bound charges the loops less, so the same bytes weigh more there
+        assert pass_share(4096, head_dim, calibrated=False) > pass_share(4096, head_dim)
