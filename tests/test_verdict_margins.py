@@ -230,3 +230,87 @@ def test_notebook_11s_margins_train_the_sandwich_file_the_notebook_writes():
         'live_comparison(["sandwich", "rope", "alibi"], seeds=5, steps=60)' in "".join(c["source"])
         for c in cells
     )
+
+
+# -- notebook 02: a learned table and the sinusoidal code, trained live ----------------------------
+
+COMMITTED_02 = REPO / "figures" / "02_verdict_margins.json"
+NOTEBOOK_02 = REPO / "notebooks" / "02_learned.ipynb"
+
+
+def _report_02() -> dict:
+    return json.loads(COMMITTED_02.read_text())
+
+
+def test_notebook_02s_measurement_covers_the_seeds_kernels_and_threads():
+    from course_lib.teaching import learned_window
+
+    report = _report_02()
+    assert report["function"] == "course_lib.teaching.learned_window:live_numbers"
+    assert tuple(report["seeds"]) == learned_window.SEEDS and len(learned_window.SEEDS) >= 5
+    requested = {(s["requested"], s["threads"]) for s in report["settings"]}
+    not_run = {entry["requested"] for entry in report["not_run"]}
+    for capability in ("default", "avx2", "avx512"):
+        for threads in (1, 2):
+            assert (capability, threads) in requested or capability in not_run
+    assert set(report["verdicts"]) == {v.label for v in learned_window.VERDICTS}
+
+
+def _check_names() -> list[str]:
+    from course_lib.teaching import learned_window
+
+    return list(learned_window.CHECKS)
+
+
+@pytest.mark.parametrize("name", _check_names())
+def test_notebook_02s_verdicts_keep_three_spreads_in_seed_0_and_hold_in_every_seed(name):
+    """The notebook trains seed 0: each verdict's threshold sits at least 3 spreads (the
+    largest difference between settings for one seed, over all seeds) from every seed-0 value
+    seen; a verdict stated of the encodings holds in every seed and setting measured."""
+    from course_lib.teaching import learned_window
+
+    check = learned_window.CHECKS[name]
+    settings = _report_02()["settings"]
+    spread = vm.spreads(settings)[name]["spread"]
+    seed_0 = vm.values_of(settings, name, "0")
+    assert all(check.holds(v) for v in seed_0), seed_0
+    assert vm.margin_in_spreads(seed_0, check.threshold, spread, log=False) >= vm.MARGIN_FACTOR
+    if check.every_seed:
+        for seed in learned_window.SEEDS:
+            values = vm.values_of(settings, name, str(seed))
+            assert all(check.holds(v) for v in values), (seed, values)
+
+
+def test_notebook_02_prints_its_verdicts_with_the_checks_and_its_seed_dependence_from_the_file():
+    from course_lib.teaching import learned_window
+
+    cells = json.loads(NOTEBOOK_02.read_text())["cells"]
+    source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    named = {n for n in learned_window.CHECKS if f'CHECKS["{n}"]' in source}
+    if 'CHECKS[f"{name}_accuracy"]' in source:
+        named |= {"learned_accuracy", "absolute_accuracy"}
+    assert named == set(learned_window.CHECKS)
+    assert "print_seed_dependence()" in source
+    printed = "".join(
+        "".join(o.get("text", "")) for c in cells if c["cell_type"] == "code" for o in c["outputs"]
+    )
+    assert ": False" not in printed
+
+
+def test_the_seed_dependence_names_the_seeds_that_pass(capsys, tmp_path):
+    from course_lib.teaching import learned_window
+
+    settings = [
+        {"cpu": "CPU", "values": {"0": {"sinusoidal_loss_3_6": 0.2, "beyond_start_over_middle": 2.0},
+                                  "1": {"sinusoidal_loss_3_6": -0.001, "beyond_start_over_middle": 1.5}}},
+        {"cpu": "CPU", "values": {"0": {"sinusoidal_loss_3_6": 0.1, "beyond_start_over_middle": 1.9},
+                                  "1": {"sinusoidal_loss_3_6": 0.0, "beyond_start_over_middle": 1.1}}},
+    ]  # fmt: skip
+    path = tmp_path / "margins.json"
+    path.write_text(json.dumps({"seeds": [0, 1], "settings": settings}))
+    learned_window.print_seed_dependence(path)
+    out = capsys.readouterr().out
+    assert "2 CPU settings" in out
+    assert "more than 0.05 on average: in seed(s) 0 of 0-1" in out
+    assert "0: 0.10 to 0.20, 1: 0.00 to 0.00" in out  # -0.001 prints as 0.00, not -0.00
+    assert "10..20 give: in seed(s) 0 of 0-1" in out  # seed 1 dips to 1.1 in one setting
