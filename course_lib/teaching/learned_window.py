@@ -12,7 +12,7 @@ thread count, and ``tests/test_verdict_margins.py`` checks that every threshold 
 for one seed, over all seeds).
 
 A verdict the notebook states as a property of the encodings holds in every seed measured
-(:attr:`Check.every_seed`); what happens in some seeds and not others is read from the committed
+(:attr:`~course_lib.teaching.verdict_margins.Check.every_seed`); what happens in some seeds and not others is read from the committed
 measurement (:func:`print_seed_dependence`), not printed as a verdict of the one live run.
 """
 
@@ -21,13 +21,12 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from course_lib.teaching.learned_figures import neighbour_similarity
-from course_lib.teaching.verdict_margins import Verdict
+from course_lib.teaching.verdict_margins import Check
 from course_lib.teaching.window_task import (
     WindowTaskConfig,
     attention_beyond,
@@ -37,7 +36,6 @@ from course_lib.teaching.window_task import (
 
 __all__ = [
     "SEEDS",
-    "Check",
     "CHECKS",
     "VERDICTS",
     "SEED_DEPENDENT",
@@ -97,35 +95,6 @@ def live_numbers(seed: int) -> dict[str, float]:
         numbers["stretch_before"] = float(at_48["learned"][:seen].nanmean())
         numbers["stretch_after"] = float(evaluate_by_position(stretched, 64, config)[:seen].nanmean())  # fmt: skip
     return numbers
-
-
-@dataclass(frozen=True)
-class Check:
-    """One printed verdict: seed 0's ``name`` compared with ``threshold`` (``above``: the
-    verdict says it is larger). ``every_seed``: the notebook states it of the encodings, so it
-    must hold in every seed measured, not in seed 0 only."""
-
-    name: str
-    threshold: float
-    above: bool
-    every_seed: bool = True
-
-    def holds(self, value: float) -> bool:
-        return value > self.threshold if self.above else value < self.threshold
-
-    def says(self, value: float) -> str:
-        """The verdict as the notebook prints it: ``"above 0.8: True"``."""
-        return f"{'above' if self.above else 'below'} {self.threshold:g}: {self.holds(value)}"
-
-    def verdict(self) -> Verdict:
-        """The same check as :mod:`course_lib.teaching.verdict_margins` measures it: seed 0's
-        number, in every setting."""
-
-        def seed_0(values: PerSeed) -> float:
-            return values["0"][self.name]
-
-        side = "above" if self.above else "below"
-        return Verdict(f"{self.name} {side} {self.threshold:g}", seed_0, self.threshold, self.above)
 
 
 #: The notebook's verdicts (cells 17 to 32), each where five seeds, three CPU kernel settings

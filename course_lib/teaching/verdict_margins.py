@@ -39,6 +39,7 @@ from pathlib import Path
 __all__ = [
     "MARGIN_FACTOR",
     "Verdict",
+    "Check",
     "verdict_margins",
     "load_function",
     "measure_setting",
@@ -68,6 +69,37 @@ class Verdict:
     def holds(self, per_seed: Mapping[str, Mapping[str, float]]) -> bool:
         value = self.reduce(per_seed)
         return value > self.threshold if self.above else value < self.threshold
+
+
+@dataclass(frozen=True)
+class Check:
+    """A verdict a notebook prints of the one seed it trains live (seed 0): that seed's
+    ``name`` compared with ``threshold`` (``above``: the verdict says it is larger).
+    ``every_seed``: the notebook states it in general, so it must hold in every seed measured,
+    not in seed 0 only. A chapter's test keeps the threshold :data:`MARGIN_FACTOR` spreads (the
+    largest over all seeds, :func:`spreads`) from every seed-0 value seen."""
+
+    name: str
+    threshold: float
+    above: bool
+    every_seed: bool = True
+
+    def holds(self, value: float) -> bool:
+        return value > self.threshold if self.above else value < self.threshold
+
+    def says(self, value: float) -> str:
+        """The verdict as the notebook prints it: ``"above 0.8: True"``."""
+        return f"{'above' if self.above else 'below'} {self.threshold:g}: {self.holds(value)}"
+
+    def verdict(self) -> Verdict:
+        """The same check as a :class:`Verdict` (what this module's script records): seed 0's
+        number, in every setting."""
+
+        def seed_0(values: Mapping[str, Mapping[str, float]]) -> float:
+            return values["0"][self.name]
+
+        side = "above" if self.above else "below"
+        return Verdict(f"{self.name} {side} {self.threshold:g}", seed_0, self.threshold, self.above)
 
 
 def load_function(spec: str) -> Callable[[int], Mapping[str, float]]:
