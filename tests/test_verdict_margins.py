@@ -232,53 +232,68 @@ def test_notebook_11s_margins_train_the_sandwich_file_the_notebook_writes():
     )
 
 
-# -- notebook 02: a learned table and the sinusoidal code, trained live ----------------------------
+# -- chapters 02, 08 and 09: one seed trained live, verdicts of it (verdict_margins.Check) ---------
 
-COMMITTED_02 = REPO / "figures" / "02_verdict_margins.json"
 NOTEBOOK_02 = REPO / "notebooks" / "02_learned.ipynb"
 
 
-def _report_02() -> dict:
-    return json.loads(COMMITTED_02.read_text())
+#: Chapters that train one seed live and print verdicts of it (``verdict_margins.Check``):
+#: {chapter: (module with CHECKS, SEEDS and live_numbers, the committed measurement)}.
+LIVE_CHECKS = {
+    "02": ("course_lib.teaching.learned_window", "figures/02_verdict_margins.json"),
+    "08": ("course_lib.teaching.counting_live", "figures/08_verdict_margins.json"),
+    "09": ("course_lib.teaching.vit_live", "figures/09_verdict_margins.json"),
+}
 
 
-def test_notebook_02s_measurement_covers_the_seeds_kernels_and_threads():
-    from course_lib.teaching import learned_window
+def _live_checks() -> list[tuple[str, str]]:
+    import importlib
 
-    report = _report_02()
-    assert report["function"] == "course_lib.teaching.learned_window:live_numbers"
-    assert tuple(report["seeds"]) == learned_window.SEEDS and len(learned_window.SEEDS) >= 5
+    return [
+        (chapter, name)
+        for chapter, (module, _) in LIVE_CHECKS.items()
+        for name in importlib.import_module(module).CHECKS
+    ]
+
+
+@pytest.mark.parametrize("chapter", list(LIVE_CHECKS))
+def test_a_live_chapters_measurement_covers_its_seeds_kernels_and_threads(chapter):
+    import importlib
+
+    module_name, path = LIVE_CHECKS[chapter]
+    module = importlib.import_module(module_name)
+    report = json.loads((REPO / path).read_text())
+    assert report["function"] == f"{module_name}:live_numbers"
+    assert tuple(report["seeds"]) == module.SEEDS and len(module.SEEDS) >= 5
     requested = {(s["requested"], s["threads"]) for s in report["settings"]}
     not_run = {entry["requested"] for entry in report["not_run"]}
     for capability in ("default", "avx2", "avx512"):
         for threads in (1, 2):
             assert (capability, threads) in requested or capability in not_run
-    assert set(report["verdicts"]) == {v.label for v in learned_window.VERDICTS}
+    assert set(report["verdicts"]) == {v.label for v in module.VERDICTS}
 
 
-def _check_names() -> list[str]:
-    from course_lib.teaching import learned_window
-
-    return list(learned_window.CHECKS)
-
-
-@pytest.mark.parametrize("name", _check_names())
-def test_notebook_02s_verdicts_keep_three_spreads_in_seed_0_and_hold_in_every_seed(name):
-    """The notebook trains seed 0: each verdict's threshold sits at least 3 spreads (the
+@pytest.mark.parametrize(("chapter", "name"), _live_checks())
+def test_a_live_chapters_verdicts_keep_three_spreads_in_seed_0_and_hold_in_every_seed(
+    chapter, name
+):
+    """The chapter trains seed 0: each verdict's threshold sits at least 3 spreads (the
     largest difference between settings for one seed, over all seeds) from every seed-0 value
-    seen; a verdict stated of the encodings holds in every seed and setting measured."""
-    from course_lib.teaching import learned_window
+    seen; a verdict stated in general holds in every seed and setting measured."""
+    import importlib
 
-    check = learned_window.CHECKS[name]
-    settings = _report_02()["settings"]
+    module_name, path = LIVE_CHECKS[chapter]
+    module = importlib.import_module(module_name)
+    check = module.CHECKS[name]
+    settings = json.loads((REPO / path).read_text())["settings"]
     spread = vm.spreads(settings)[name]["spread"]
     seed_0 = vm.values_of(settings, name, "0")
-    assert all(check.holds(v) for v in seed_0), seed_0
+    assert seed_0 and all(check.holds(v) for v in seed_0), seed_0
     assert vm.margin_in_spreads(seed_0, check.threshold, spread, log=False) >= vm.MARGIN_FACTOR
     if check.every_seed:
-        for seed in learned_window.SEEDS:
+        for seed in module.SEEDS:
             values = vm.values_of(settings, name, str(seed))
-            assert all(check.holds(v) for v in values), (seed, values)
+            assert values and all(check.holds(v) for v in values), (seed, values)
 
 
 def test_notebook_02_prints_its_verdicts_with_the_checks_and_its_seed_dependence_from_the_file():
