@@ -91,15 +91,23 @@ def _committed() -> dict:
     return json.loads(COMMITTED.read_text())
 
 
-def test_the_committed_measurement_covers_the_seeds_kernels_and_threads():
-    report = _committed()
-    assert report["function"] == "course_lib.teaching.rse_window:window_lambdas"
-    assert tuple(report["seeds"]) == rse_window.SEEDS and len(rse_window.SEEDS) >= 5
+def _assert_covers_seeds_kernels_and_threads(report: dict, function: str, seeds: tuple) -> None:
+    """The measurement is of ``function``, over at least 5 ``seeds``, in every kernel setting
+    and thread count (or says the CPU lacked the setting)."""
+    assert report["function"] == function
+    assert tuple(report["seeds"]) == seeds and len(seeds) >= 5
     requested = {(s["requested"], s["threads"]) for s in report["settings"]}
     not_run = {entry["requested"] for entry in report["not_run"]}
     for capability in ("default", "avx2", "avx512"):
         for threads in (1, 2):
             assert (capability, threads) in requested or capability in not_run
+
+
+def test_the_committed_measurement_covers_the_seeds_kernels_and_threads():
+    report = _committed()
+    _assert_covers_seeds_kernels_and_threads(
+        report, "course_lib.teaching.rse_window:window_lambdas", rse_window.SEEDS
+    )
     for setting in report["settings"]:
         assert set(setting["values"]) == {str(s) for s in rse_window.SEEDS}
 
@@ -263,13 +271,7 @@ def test_a_live_chapters_measurement_covers_its_seeds_kernels_and_threads(chapte
     module_name, path = LIVE_CHECKS[chapter]
     module = importlib.import_module(module_name)
     report = json.loads((REPO / path).read_text())
-    assert report["function"] == f"{module_name}:live_numbers"
-    assert tuple(report["seeds"]) == module.SEEDS and len(module.SEEDS) >= 5
-    requested = {(s["requested"], s["threads"]) for s in report["settings"]}
-    not_run = {entry["requested"] for entry in report["not_run"]}
-    for capability in ("default", "avx2", "avx512"):
-        for threads in (1, 2):
-            assert (capability, threads) in requested or capability in not_run
+    _assert_covers_seeds_kernels_and_threads(report, f"{module_name}:live_numbers", module.SEEDS)
     assert set(report["verdicts"]) == {v.label for v in module.VERDICTS}
 
 
