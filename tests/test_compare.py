@@ -797,3 +797,19 @@ def test_retrieval_reach_reads_the_attention_on_the_queried_symbol():
         assert torch.tensor(reach[key]) == pytest.approx(torch.full((2, 4), even), abs=1e-6)
     with pytest.raises(ValueError, match="causal"):
         retrieval_reach(MiniBert(TINY.model_config("none", "mlm")), probe)
+
+
+def test_notebook_reading_says_what_the_claims_left_out_after_the_runs_would_change(
+    committed, capsys
+):
+    """The one rule written after the runs were seen (the probes no arm cleared) is printed
+    with its effect, the paragraph summary.md gives."""
+    from course_lib.compare.results import idle_probe_effect
+
+    read = Reading(committed)
+    read.say_left_out()
+    out = capsys.readouterr().out
+    expected = idle_probe_effect(committed, read.verdicts)
+    assert out.strip() == "\n".join(expected).strip()
+    if expected:
+        assert "Left out after the runs were seen" in out

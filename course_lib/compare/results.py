@@ -47,6 +47,7 @@ __all__ = [
     "describe_runs",
     "hardware_label",
     "headline_markdown",
+    "idle_probe_effect",
     "load_results",
     "load_sessions",
     "mean_sweep_loss",
@@ -586,7 +587,7 @@ def _learned_section(results: list[dict]) -> list[str]:
     ]
 
 
-def _idle_probe_effect(results: list[dict], verdicts: dict, waiting: tuple = ()) -> list[str]:
+def idle_probe_effect(results: list[dict], verdicts: dict, waiting: tuple = ()) -> list[str]:
     """A paragraph on the probes left out as uninformative: which verdicts would differ if their
     claims were kept in the family (the rule was written after the runs were seen)."""
     idle = uninformative_probes(results)
@@ -784,7 +785,7 @@ def summary_markdown(
     lines += _claims_section(
         verdicts,
         [*untested_questions(results), *((c, SEEDS_NOT_RUN) for c in waiting)],
-        _idle_probe_effect(results, verdicts, waiting),
+        idle_probe_effect(results, verdicts, waiting),
     )
     lines += _cost_section(results, folder)
     return "\n".join(lines).rstrip() + "\n"

@@ -83,7 +83,7 @@ def retrieval_probe(
 
     Text format (one token per character, byte-level)::
 
-        <context>@<p>?<answer>        e.g. context_len=12:  "qwhdkzmsotpa@07?m"
+        <context>@<p>?<answer>        e.g. context_len=12:  "qwhdkzmsotpa@07?s"
 
     ``<context>`` is ``context_len`` symbols drawn uniformly (with repeats) from ``alphabet``;
     ``<p>`` is the queried position, 0-based, uniform in ``[0, context_len)``, written in decimal

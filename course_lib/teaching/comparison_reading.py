@@ -29,6 +29,7 @@ from course_lib.compare.claims import (
     judge,
     untested_questions,
 )
+from course_lib.compare.results import idle_probe_effect
 from course_lib.compare.stats import METRICS, Paired, Spread, by_arm, holm, spread
 
 __all__ = ["Reading", "null_calls"]
@@ -164,6 +165,15 @@ class Reading:
             print("  (no claim of this kind has runs yet)" if not verdicts else "  (none called)")
         for v in shown:
             print(f"  {v.claim.describe()}: {v.text()}")
+
+    def say_left_out(self) -> None:
+        """Print which verdicts would differ were the claims on the probes no arm cleared kept in
+        the family (the rule that leaves them out was written after the runs were seen; the
+        paragraph ``summary.md`` prints)."""
+        for line in idle_probe_effect(self.results, self.verdicts) or [
+            "No claims were left out after the runs were seen."
+        ]:
+            print(line)
 
     def say_untested(self, *, objective: str | None = None, metric: str | None = None) -> None:
         """Print the declared claims the family leaves out (matching ``objective`` and
