@@ -97,6 +97,7 @@ def test_kerple_check_accepts_the_solution_and_names_the_usual_mistakes(capsys):
         "|p_i - p_j|": lambda d, r1, r2, v: nb06.kerple_bias(d.clamp(min=0), r1, r2, v),
         "swapped": lambda d, r1, r2, v: nb06.kerple_bias(d, r2, r1, v),
         "shape": lambda d, r1, r2, v: nb06.kerple_bias(d, r1, r2, v).movedim(0, -1),
+        "the dtype of r1": lambda d, r1, r2, v: nb06.kerple_bias(d, r1, r2, v).double(),
     }
     for hint, wrong in mistakes.items():
         capsys.readouterr()

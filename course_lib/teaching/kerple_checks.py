@@ -83,6 +83,9 @@ def check_kerple_bias(
                 "(heads first, then the distance's shape)"
             )
             continue
+        if got.dtype != want.dtype:
+            failures.append(f"{desc}: dtype {got.dtype}, expected {want.dtype} (the dtype of r1)")
+            continue
         wrong = ~torch.isclose(got.double(), want.double(), rtol=1e-5, atol=1e-6)
         if wrong.any():
             at = wrong.nonzero()[0].tolist()
