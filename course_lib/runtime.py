@@ -261,36 +261,31 @@ def describe_kernel_mode() -> str:
             "(the same kernel code, far slower; bf16 inputs are computed in float32; timings "
             "need a GPU)."
         )
-    return _unavailable_reason()
+    return _unavailable_reasons()[1]
 
 
 def unavailable_brief() -> str:
     """Why the kernels cannot run here, in a few words (``KERNEL_MODE == "unavailable"``; the
     whole sentence is :func:`describe_kernel_mode`'s)."""
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed; it has wheels for Linux only"
-    old = triton_older_than(TRITON_MINIMUM)
-    if old is not None:
-        return f"Triton {old} is older than the {_minimum_text(TRITON_MINIMUM)} the kernels need"
-    return "the kernels are written for NVIDIA GPUs, and this is an AMD one"
+    return _unavailable_reasons()[0]
 
 
-def _unavailable_reason() -> str:
+def _unavailable_reasons() -> tuple[str, str]:
     """Why the kernels cannot run here (``KERNEL_MODE == "unavailable"``), in the order
-    :func:`_choose_mode` decides it."""
+    :func:`_choose_mode` decides it: ``(in a few words, the sentence a learner reads)``."""
     if importlib.util.find_spec("triton") is None:
-        return (
+        return "Triton is not installed; it has wheels for Linux only", (
             "Triton is not installed (it has wheels for Linux only): the kernel cells are "
             "skipped; every from-scratch PyTorch cell still runs."
         )
     old = triton_older_than(TRITON_MINIMUM)
     if old is not None:
-        return (
-            f"Triton {old} is installed, but the kernels need Triton "
-            f"{_minimum_text(TRITON_MINIMUM)} or newer: the kernel cells are skipped; every "
-            "from-scratch PyTorch cell still runs."
+        want = _minimum_text(TRITON_MINIMUM)
+        return f"Triton {old} is older than the {want} the kernels need", (
+            f"Triton {old} is installed, but the kernels need Triton {want} or newer: the "
+            "kernel cells are skipped; every from-scratch PyTorch cell still runs."
         )
-    return _AMD_GPU
+    return "the kernels are written for NVIDIA GPUs, and this is an AMD one", _AMD_GPU
 
 
 def require_kernels() -> None:

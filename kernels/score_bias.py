@@ -760,9 +760,9 @@ def grad_distance(pos_q, pos_k, QUERY_AXIS: tl.constexpr):
     rows are queries (``QUERY_AXIS == 0``: the stick-breaking column kernel) it is written
     ``|p_j - p_i|``, apart from the bias's ``|p_i - p_j|``, so the compiler computes it again
     instead of keeping the bias's float32 distance tile alive across the kernel's dK and dV
-    products, where at the 255-register limit part of it spilled at every tile (sm_90; README,
-    "On a GPU", gives the counts). Flash's dK/dV kernel, whose rows are keys, keeps the bias's form: written apart
-    there, it issued one or two more memory instructions per iteration."""
+    products, where at the 255-register limit it spilled at every tile (sm_90; README, "On a
+    GPU", gives the counts). Flash's dK/dV kernel, whose rows are keys, keeps the bias's form:
+    written apart there, it issued one or two more memory instructions per iteration."""
     if QUERY_AXIS == 0:
         distance = tl.abs(pos_k - pos_q)
     else:

@@ -1590,12 +1590,12 @@ def _backward_stages(
 
 # The column kernel at head_dim 64 on 4 warps (64 x 64 tiles) holds dk, dv, k, v and the tile's
 # float32 intermediates in 255 registers: without a hook it spills 7 accesses per iteration of
-# its loop, with ExpoSB's distance factor 29, with RSE's penalty and its gradient more (the
-# static report, sm_90, causal, bf16; README's "On a GPU" gives the current counts). On 8 warps, two warpgroups of 64 queries each over the
-# same 64 keys, every thread holds half of dk and dv: 0, 0 and 23, with the same tensor-core
-# work per warp. Without a hook the row kernel loads more per pair that way (29 memory
-# instructions per warp and iteration for 8192 pairs against 25 for 4096) and the column
-# kernel spills little, so plain launches keep 64 x 64.
+# its loop, with ExpoSB's distance factor 29, with RSE's penalty and its gradient 25 (the static
+# report, sm_90, causal, bf16; README's "On a GPU"). On 8 warps, two warpgroups of 64 queries
+# each over the same 64 keys, every thread holds half of dk and dv: none of the three spills,
+# with the same tensor-core work per warp. Without a hook the row kernel loads more per pair that
+# way (29 memory instructions per warp and iteration for 8192 pairs against 25 for 4096) and the
+# column kernel spills little, so plain launches keep 64 x 64.
 _HOPPER_BIASED_BACKWARD = (128, 64, 8)
 
 

@@ -1,8 +1,9 @@
 """Notebook 08's live cells: the CoPE model of the counting task trained again, and its verdicts.
 
 :func:`live_numbers` trains what the notebook trains (``train_counting_model("cope",
-CountingTaskConfig(seed=seed))``), probes its gates (``gate_probe``) and returns each verdict's number at its least favourable
-head (:func:`probe_numbers`: the notebook's verdicts hold for every head). ``python -m course_lib.teaching.verdict_margins
+CountingTaskConfig(seed=seed))``), probes its gates (``gate_probe``) and returns each
+verdict's number at its least favourable head (:func:`probe_numbers`: the notebook's verdicts
+hold for every head). ``python -m course_lib.teaching.verdict_margins
 course_lib.teaching.counting_live:live_numbers --out figures/08_verdict_margins.json`` trains
 :data:`SEEDS` under every CPU kernel setting and thread count; ``tests/test_verdict_margins.py``
 keeps each threshold of :data:`CHECKS` 3 spreads from every seed-0 value seen (the notebook

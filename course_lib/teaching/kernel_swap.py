@@ -69,8 +69,9 @@ def agree(
     and every gradient.
 
     Prints one line when everything agrees; raises ``AssertionError`` naming what differs (and by
-    how much) otherwise. Where the kernels cannot run, prints that the kernel was not run and why (the
-    reference is not substituted for it). Returns nothing, so a notebook cell shows only the line.
+    how much) otherwise. Where the kernels cannot run, prints that the kernel was not run and
+    why (the reference is not substituted for it). Returns nothing, so a notebook cell shows
+    only the line.
     """
     wrt = dict(wrt or {})
     if not kernels_available():

@@ -8,11 +8,11 @@ unseen keys 32..47, and the accuracy of the table stretched to 95 rows. The note
 0; ``python -m course_lib.teaching.verdict_margins course_lib.teaching.learned_window:live_numbers
 --out figures/02_verdict_margins.json`` trains :data:`SEEDS` under every CPU kernel setting and
 thread count, and ``tests/test_verdict_margins.py`` checks that every threshold of
-:data:`CHECKS` stays at least 3 spreads away from every seed-0 value seen (the spread: the largest difference between settings
-for one seed, over all seeds).
+:data:`CHECKS` stays at least 3 spreads away from every seed-0 value seen (the spread: the
+largest difference between settings for one seed, over all seeds).
 
 A verdict the notebook states as a property of the encodings holds in every seed measured
-(:attr:`~course_lib.teaching.verdict_margins.Check.every_seed`); what happens in some seeds and not others is read from the committed
+(``Check.every_seed``); what happens in some seeds and not others is read from the committed
 measurement (:func:`print_seed_dependence`), not printed as a verdict of the one live run.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -46,8 +45,6 @@ __all__ = [
 SEEDS = (0, 1, 2, 3, 4)
 INSIDE = slice(2, 30)  # positions whose window (2 back .. 2 ahead) lies in rows 0..31
 
-PerSeed = Mapping[str, Mapping[str, float]]
-
 
 def _first_above(steps: list[int], accuracy: list[float], level: float = 0.9) -> float:
     """The first evaluated step with held-out accuracy at least ``level`` (inf if none)."""
@@ -62,38 +59,47 @@ def live_numbers(seed: int) -> dict[str, float]:
     for name, run in runs.items():
         numbers[f"{name}_accuracy"] = float(run.accuracy[-1])
         numbers[f"{name}_first_above_90"] = _first_above(run.steps, run.accuracy)
-    numbers["sinusoidal_lead"] = numbers["learned_first_above_90"] - numbers["absolute_first_above_90"]  # fmt: skip
+    lead = numbers["learned_first_above_90"] - numbers["absolute_first_above_90"]
+    numbers["sinusoidal_lead"] = lead
     # the learned table's rows: similarity at initialisation and after training
     learned = runs["learned"]
     seen = config.train_length
     initial, trained = learned.table_snapshots[0], learned.table_snapshots[-1]
     numbers["cos_initial"] = neighbour_similarity(initial[:seen], 1)
-    for distance in (1, 4, 8):
-        numbers[f"cos_{distance}"] = neighbour_similarity(trained[:seen], distance)
-    numbers["cos_falls"] = min(numbers["cos_1"] - numbers["cos_4"], numbers["cos_4"] - numbers["cos_8"])  # fmt: skip
+    cos_1, cos_4, cos_8 = (neighbour_similarity(trained[:seen], d) for d in (1, 4, 8))
+    numbers.update(
+        cos_1=cos_1, cos_4=cos_4, cos_8=cos_8, cos_falls=min(cos_1 - cos_4, cos_4 - cos_8)
+    )
     # accuracy by position at the trained length and at 48
     long_length = config.max_position_embeddings
     at_48 = {n: evaluate_by_position(r.model, long_length, config) for n, r in runs.items()}
     at_32 = {n: evaluate_by_position(r.model, seen, config) for n, r in runs.items()}
+    learned_48, learned_32 = at_48["learned"], at_32["learned"]
     numbers["lowest_32"] = min(float(acc[INSIDE].mean()) for acc in at_32.values())
-    numbers["learned_moved"] = abs(float(at_48["learned"][INSIDE].mean() - at_32["learned"][INSIDE].mean()))  # fmt: skip
-    numbers["learned_gap_30_31"] = float(at_48["learned"][INSIDE].mean() - at_48["learned"][30:32].max())  # fmt: skip
-    numbers["drop_32_45"] = min(float(acc[INSIDE].mean() - acc[32:46].mean()) for acc in at_48.values())  # fmt: skip
-    numbers["sinusoidal_loss_3_6"] = float(at_32["absolute"][3:7].mean() - at_48["absolute"][3:7].mean())  # fmt: skip
+    numbers["learned_moved"] = abs(float(learned_48[INSIDE].mean() - learned_32[INSIDE].mean()))
+    numbers["learned_gap_30_31"] = float(learned_48[INSIDE].mean() - learned_48[30:32].max())
+    numbers["drop_32_45"] = min(
+        float(acc[INSIDE].mean() - acc[32:46].mean()) for acc in at_48.values()
+    )
+    absolute_3_6 = at_32["absolute"][3:7].mean() - at_48["absolute"][3:7].mean()
+    numbers["sinusoidal_loss_3_6"] = float(absolute_3_6)
     # attention the queries inside the trained range give to the unseen keys 32..47
-    beyond = {n: attention_beyond(r.model, long_length, config, first=seen) for n, r in runs.items()}  # fmt: skip
+    beyond = {
+        n: attention_beyond(r.model, long_length, config, first=seen) for n, r in runs.items()
+    }
     for name, share in beyond.items():
         numbers[f"beyond_{name}_mean"] = float(share[INSIDE].mean())
-    numbers["beyond_ratio"] = numbers["beyond_absolute_mean"] / numbers["beyond_learned_mean"]
     numbers["beyond_difference"] = numbers["beyond_absolute_mean"] - numbers["beyond_learned_mean"]
-    numbers["beyond_start_over_middle"] = float(beyond["absolute"][3:7].mean() / beyond["absolute"][10:21].mean())  # fmt: skip
+    start, middle = beyond["absolute"][3:7].mean(), beyond["absolute"][10:21].mean()
+    numbers["beyond_start_over_middle"] = float(start / middle)
     numbers["beyond_learned_most"] = float(beyond["learned"][INSIDE].max())
     # the table stretched to 95 rows, evaluated on 64 tokens
     stretched = copy.deepcopy(learned.model)
     stretched.resize_position_tables(95)
     with torch.no_grad():
         numbers["stretch_before"] = float(at_48["learned"][:seen].nanmean())
-        numbers["stretch_after"] = float(evaluate_by_position(stretched, 64, config)[:seen].nanmean())  # fmt: skip
+        after = evaluate_by_position(stretched, 64, config)[:seen].nanmean()
+        numbers["stretch_after"] = float(after)
     return numbers
 
 
@@ -120,14 +126,17 @@ CHECKS = {
 VERDICTS = tuple(check.verdict() for check in CHECKS.values())
 
 #: Numbers the notebook says depend on the seed: it reads them from the committed measurement
-#: (:func:`print_seed_dependence`) instead of printing a verdict of its one run.
+#: (:func:`print_seed_dependence`) instead of printing a verdict of its one run. {name: (what
+#: is said of it, with ``{level}`` where the level goes; the level)}.
 SEED_DEPENDENT = {
-    "sinusoidal_loss_3_6": "sinusoidal, length 48: positions 3..6 lose more than 0.05 on average",
-    "beyond_start_over_middle": (
-        "sinusoidal queries 3..6 give the unseen keys over 1.2x what queries 10..20 give"
+    "sinusoidal_loss_3_6": (
+        "sinusoidal, length 48: positions 3..6 lose more than {level:g} on average", 0.05,
     ),
-}
-SEED_DEPENDENT_LEVELS = {"sinusoidal_loss_3_6": 0.05, "beyond_start_over_middle": 1.2}
+    "beyond_start_over_middle": (
+        "sinusoidal queries 3..6 give the unseen keys over {level:g}x what queries 10..20 give",
+        1.2,
+    ),
+}  # fmt: skip
 
 MARGINS = Path(__file__).resolve().parents[2] / "figures" / "02_verdict_margins.json"
 
@@ -143,15 +152,15 @@ def print_seed_dependence(path: Path = MARGINS) -> None:
     print(f"{len(report['seeds'])} seeds, each in {len(settings)} CPU settings "
           f"(kernels x threads, {', '.join(cpus)}):")  # fmt: skip
     seeds = report["seeds"]
-    for name, what in SEED_DEPENDENT.items():
-        level = SEED_DEPENDENT_LEVELS[name]
+    for name, (what, level) in SEED_DEPENDENT.items():
         passed, ranges = [], []
         for seed in seeds:
             seen = vm.values_of(settings, name, str(seed))
             ranges.append(f"{seed}: {_two_decimals(min(seen))} to {_two_decimals(max(seen))}")
             if min(seen) > level:
                 passed.append(str(seed))
-        print(f"  {what}: in seed(s) {', '.join(passed) or 'none'} of {seeds[0]}-{seeds[-1]}")
+        which = ", ".join(passed) or "none"
+        print(f"  {what.format(level=level)}: in seed(s) {which} of {seeds[0]}-{seeds[-1]}")
         print(f"    (seed: lowest to highest over the settings; {', '.join(ranges)})")
 
 

@@ -79,7 +79,8 @@ def measured_rows(path: Path = GPU_CHECK, seq: int = 4096, head_dim: int = 64) -
         dict(method=r["method"], contender=r["contender"], ms=r["ms"])
         for r in data["speed"]
         if r["seq"] == seq and r["head_dim"] == head_dim and r["pass_"] == "fwd+bwd"
-        and r["dtype"] == "bf16" and r["causal"] and r["method"] in ("softmax", "rope", "xpos") and r["status"] == "ok"
+        and r["dtype"] == "bf16" and r["causal"] and r["status"] == "ok"
+        and r["method"] in ("softmax", "rope", "xpos")
         and r["contender"] in ("kernel", "SDPA", "transform + SDPA")
     ]  # fmt: skip
     if not rows:
