@@ -278,6 +278,13 @@ def test_seed_claims_correct_for_the_family_and_decide_by_the_interval(capsys):
     many.expect("equivalent", noisy, [0.0] * 5, "within", margin=0.5)
     with pytest.raises(AssertionError):
         many.expect("not equivalent at 0.1", noisy, [0.0] * 5, "within", margin=0.1)
+    # a positive mean whose interval still reaches 0 is noise, not "higher" (nor "lower")
+    leaning = [0.3, -0.1, 0.25, 0.05, 0.1]
+    assert one.paired(leaning, [0.0] * 5).mean > 0 and one.paired(leaning, [0.0] * 5).low < 0
+    assert one.paired(leaning, [0.0] * 5).verdict() == "within noise"
+    assert one.paired([0.0] * 5, leaning).verdict() == "within noise"
+    with pytest.raises(AssertionError):
+        one.expect("leaning", leaning, [0.0] * 5, "higher")
     many.expect_every_seed("all positive", a, lambda v: v > 0)
     with pytest.raises(AssertionError, match="every seed"):
         many.expect_every_seed("all above 1", a, lambda v: v > 1)

@@ -44,6 +44,32 @@ def test_margin_is_the_nearest_value_in_spreads():
     assert vm.margin_in_spreads([0.5, 0.95], 0.9, spread=0.01, log=False) == pytest.approx(5.0)
     assert vm.margin_in_spreads([1e-5, 1e-4], 1e-3, spread=0.5, log=True) == pytest.approx(2.0)
     assert vm.margin_in_spreads([1.0], 2.0, spread=0.0, log=False) == math.inf
+    # a number that moves in steps: a spread below one step counts as one
+    assert vm.margin_in_spreads([250.0], -25.0, spread=0.0, log=False, resolution=50) == 5.5
+    assert vm.margin_in_spreads([0.95], 0.9, 0.01, False, resolution=0.002) == pytest.approx(5.0)
+
+
+def test_verdict_margins_of_known_numbers():
+    settings = [
+        _setting({"0": {"x": 1.0, "lam": 1e-3}, "1": {"x": 5.0, "lam": 1.0}}),
+        _setting({"0": {"x": 1.2, "lam": 1e-2}, "1": {"x": 5.0, "lam": 1.0}}, "AVX2"),
+        _setting({"0": {"x": 9.0}}, "AVX512"),  # lacks seed 1: left out of every verdict
+    ]
+    verdicts = [
+        vm.Verdict("seed 0 above 0.5", lambda v: v["0"]["x"], 0.5, True),
+        vm.Verdict("mean below 4", lambda v: (v["0"]["x"] + v["1"]["x"]) / 2, 4.0, False),
+        vm.Verdict("lam below 1", lambda v: v["0"]["lam"], 1.0, False, log=True),
+        vm.Verdict("seed 1 above 4.5", lambda v: v["1"]["x"], 4.5, True, resolution=0.25),
+        vm.Verdict("seed 1 above 6", lambda v: v["1"]["x"], 6.0, True),
+    ]
+    out = vm.verdict_margins(settings, verdicts, seeds=[0, 1])
+    first, mean, lam, stepped, wrong = (out[v.label] for v in verdicts)
+    assert first["values"] == [1.0, 1.2] and first["holds_everywhere"]
+    assert first["spread"] == pytest.approx(0.2) and first["margin"] == pytest.approx(2.5)
+    assert mean["values"] == pytest.approx([3.0, 3.1]) and mean["margin"] == pytest.approx(9.0)
+    assert lam["spread"] == pytest.approx(1.0) and lam["margin"] == pytest.approx(2.0)
+    assert stepped["spread"] == 0 and stepped["margin"] == pytest.approx(2.0)
+    assert not wrong["holds_everywhere"]
 
 
 def test_load_function_names_module_and_function():
@@ -184,7 +210,10 @@ def test_notebook_06s_live_verdicts_keep_three_spreads_in_every_setting_measured
         ("DEFAULT", 1), ("DEFAULT", 2), ("AVX2", 1), ("AVX2", 2),
     }  # fmt: skip
     assert set(report["verdicts"]) == {v.label for v in experiment.VERDICTS}
-    for label, entry in report["verdicts"].items():
+    # recomputed from the module's VERDICTS as they are now, not read from the file
+    again = vm.verdict_margins(report["settings"], experiment.VERDICTS, report["seeds"])
+    for label, entry in again.items():
+        assert entry["values"] == pytest.approx(report["verdicts"][label]["values"]), label
         assert entry["holds_everywhere"], label
         assert entry["margin"] >= vm.MARGIN_FACTOR, (label, entry["margin"])
 
@@ -220,9 +249,39 @@ def test_notebook_11s_live_verdicts_keep_three_spreads_in_every_setting_measured
     assert report["function"] == "course_lib.teaching.capstone:live_seed"
     assert {s["capability"] for s in report["settings"]} >= {"DEFAULT", "AVX2"}
     assert set(report["verdicts"]) == {v.label for v in capstone.VERDICTS}
-    for label, entry in report["verdicts"].items():
+    again = vm.verdict_margins(report["settings"], capstone.VERDICTS, report["seeds"])
+    for label, entry in again.items():
+        assert entry["values"] == pytest.approx(report["verdicts"][label]["values"]), label
         assert entry["holds_everywhere"], label
         assert entry["margin"] >= vm.MARGIN_FACTOR, (label, entry["margin"])
+
+
+#: Every committed measurement and the module whose VERDICTS it holds.
+MARGIN_FILES = {
+    "05": "course_lib.teaching.rse_window",
+    "06": "course_lib.teaching.score_bias_experiment",
+    "11": "course_lib.teaching.capstone",
+    "02": "course_lib.teaching.learned_window",
+    "08": "course_lib.teaching.counting_live",
+    "09": "course_lib.teaching.vit_live",
+}
+
+
+@pytest.mark.parametrize("chapter", list(MARGIN_FILES))
+def test_a_number_that_did_not_move_declares_the_step_it_moves_in(chapter):
+    # a spread of 0 would make any threshold infinitely far: such a number says how far it can
+    # move at the least (its resolution), and the margin counts in those steps
+    import importlib
+
+    module = importlib.import_module(MARGIN_FILES[chapter])
+    report = json.loads((REPO / "figures" / f"{chapter}_verdict_margins.json").read_text())
+    assert list(report["verdicts"]) == [v.label for v in module.VERDICTS]
+    again = vm.verdict_margins(report["settings"], module.VERDICTS, report["seeds"])
+    for verdict in module.VERDICTS:
+        entry = again[verdict.label]
+        assert entry["spread"] > 0 or verdict.resolution > 0, verdict.label
+        assert math.isfinite(entry["margin"]), verdict.label
+        assert report["verdicts"][verdict.label]["margin"] == pytest.approx(entry["margin"])
 
 
 def test_notebook_11s_margins_train_the_sandwich_file_the_notebook_writes():
@@ -289,9 +348,11 @@ def test_a_live_chapters_verdicts_keep_three_spreads_in_seed_0_and_hold_in_every
     check = module.CHECKS[name]
     settings = json.loads((REPO / path).read_text())["settings"]
     spread = vm.spreads(settings)[name]["spread"]
+    assert spread > 0 or check.resolution > 0, "a number that never moved declares its step"
     seed_0 = vm.values_of(settings, name, "0")
     assert seed_0 and all(check.holds(v) for v in seed_0), seed_0
-    assert vm.margin_in_spreads(seed_0, check.threshold, spread, log=False) >= vm.MARGIN_FACTOR
+    margin = vm.margin_in_spreads(seed_0, check.threshold, spread, False, check.resolution)
+    assert margin >= vm.MARGIN_FACTOR
     if check.every_seed:
         for seed in module.SEEDS:
             values = vm.values_of(settings, name, str(seed))

@@ -25,7 +25,9 @@ __all__ = ["SEEDS", "CHECKS", "VERDICTS", "probe_numbers", "live_numbers"]
 SEEDS = (0, 1, 2, 3, 4)
 
 CHECKS = {
-    "accuracy": Check("accuracy", 0.95, True),
+    # an accuracy over at least eval_examples scored positions moves in steps of 1/eval_examples
+    # at most
+    "accuracy": Check("accuracy", 0.95, True, resolution=1 / CountingTaskConfig().eval_examples),
     "lowest_gate_on_words": Check("lowest_gate_on_words", 0.5, True),
     "highest_gate_on_fillers": Check("highest_gate_on_fillers", 0.05, False),
     "lowest_count_vs_words": Check("lowest_count_vs_words", 0.99, True),

@@ -18,7 +18,12 @@ value is positive (for quantities that travel orders of magnitude). When the fun
 declares ``VERDICTS`` (a list of :class:`Verdict`), the file also holds, for each, the number it
 compares in every setting, that number's spread over the settings and the distance from its
 threshold to the nearest value in spreads (``margin``), which the course wants at least 3
-(:data:`MARGIN_FACTOR`), so that another CPU's rounding cannot flip the printed verdict.
+(:data:`MARGIN_FACTOR`), so that another CPU's rounding cannot flip the printed verdict. A
+number that moves in steps (a step count evaluated every 50 steps, an accuracy over 500 examples)
+declares its step (``resolution``): a spread smaller than one step counts as one, so a number
+that did not move between the settings measured still keeps its threshold 3 steps away.
+``--recompute`` rewrites the verdicts of an existing file from its settings (after a change to
+``VERDICTS``), training nothing.
 """
 
 from __future__ import annotations
@@ -58,13 +63,15 @@ MARGIN_FACTOR = 3.0
 class Verdict:
     """A printed verdict over seeds: ``reduce({seed: {name: value}})`` compared with
     ``threshold`` (``above``: the verdict says the number is larger); ``log`` measures distances
-    in ``log10`` (for numbers that travel orders of magnitude)."""
+    in ``log10`` (for numbers that travel orders of magnitude); ``resolution``: the smallest step
+    the number can take, in the same units (0: it varies continuously)."""
 
     label: str
     reduce: Callable[[Mapping[str, Mapping[str, float]]], float]
     threshold: float
     above: bool
     log: bool = False
+    resolution: float = 0.0
 
     def holds(self, per_seed: Mapping[str, Mapping[str, float]]) -> bool:
         value = self.reduce(per_seed)
@@ -77,12 +84,14 @@ class Check:
     ``name`` compared with ``threshold`` (``above``: the verdict says it is larger).
     ``every_seed``: the notebook states it in general, so it must hold in every seed measured,
     not in seed 0 only. A chapter's test keeps the threshold :data:`MARGIN_FACTOR` spreads (the
-    largest over all seeds, :func:`spreads`) from every seed-0 value seen."""
+    largest over all seeds, :func:`spreads`, and at least ``resolution``, the smallest step the
+    number can take) from every seed-0 value seen."""
 
     name: str
     threshold: float
     above: bool
     every_seed: bool = True
+    resolution: float = 0.0
 
     def holds(self, value: float) -> bool:
         return value > self.threshold if self.above else value < self.threshold
@@ -99,7 +108,8 @@ class Check:
             return values["0"][self.name]
 
         side = "above" if self.above else "below"
-        return Verdict(f"{self.name} {side} {self.threshold:g}", seed_0, self.threshold, self.above)
+        label = f"{self.name} {side} {self.threshold:g}"
+        return Verdict(label, seed_0, self.threshold, self.above, resolution=self.resolution)
 
 
 def load_function(spec: str) -> Callable[[int], Mapping[str, float]]:
@@ -216,15 +226,19 @@ def spreads(settings: list[Mapping]) -> dict[str, dict]:
     return out
 
 
-def margin_in_spreads(values: Iterable[float], threshold: float, spread: float, log: bool) -> float:
-    """The distance from ``threshold`` to the nearest of ``values``, in units of ``spread``
-    (``log10`` distances when ``log``): a verdict needs at least 3."""
+def margin_in_spreads(
+    values: Iterable[float], threshold: float, spread: float, log: bool, resolution: float = 0.0
+) -> float:
+    """The distance from ``threshold`` to the nearest of ``values``, in units of ``spread`` or
+    of ``resolution`` where that is larger (``log10`` distances when ``log``): a verdict needs
+    at least 3. Infinite only for a number that neither moved nor moves in steps."""
     values = list(values)
     if log:
         gaps = [abs(math.log10(v) - math.log10(threshold)) for v in values]
     else:
         gaps = [abs(v - threshold) for v in values]
-    return min(gaps) / spread if spread > 0 else math.inf
+    unit = max(spread, resolution)
+    return min(gaps) / unit if unit > 0 else math.inf
 
 
 def _write(report: dict, path: Path) -> None:
@@ -241,7 +255,8 @@ def verdict_margins(
 ) -> dict[str, dict]:
     """For each verdict: its number in every setting that has all ``seeds``, whether it holds
     there, the number's spread over the settings and the threshold's distance to the nearest
-    value in spreads (``margin``; infinite when the spread is 0)."""
+    value in spreads, or in steps of its ``resolution`` where that is larger (``margin``;
+    infinite when both are 0)."""
     wanted = {str(seed) for seed in seeds}
     complete = [s for s in settings if wanted <= set(s["values"])]
     out = {}
@@ -261,7 +276,10 @@ def verdict_margins(
                 for v in values
             ),
             "spread": spread,
-            "margin": margin_in_spreads(values, verdict.threshold, spread, verdict.log),
+            "resolution": verdict.resolution,
+            "margin": margin_in_spreads(
+                values, verdict.threshold, spread, verdict.log, verdict.resolution
+            ),
         }
     return out
 
@@ -276,8 +294,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--append", action="store_true", help="add this CPU's settings to an existing --out file"
     )
+    parser.add_argument(
+        "--recompute",
+        action="store_true",
+        help="rewrite the verdicts of the existing --out file from its settings, training nothing",
+    )
     args = parser.parse_args(argv)
     load_function(args.function)  # fail early on a wrong name
+    if args.recompute:
+        report = json.loads(args.out.read_text())
+        if report["function"] != args.function:
+            raise SystemExit(f"{args.out} holds {report['function']}, not {args.function}")
+        _write(report, args.out)
+        return report
 
     report = {"function": args.function, "seeds": args.seeds, "settings": []}
     if args.append and args.out.exists():
