@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib.call_scope import call_scope
+from course_lib.call_scope import call_scope, settle
 from course_lib.checks import (
     check_choice,
     check_key_padding_mask,
@@ -131,6 +131,7 @@ def _prepare(q, k, v, method, causal, key_padding_mask, position_ids, params):
             positions=position_ids,
             batch=batch,
         )
+    settle()  # the queued value checks, read in one transfer: an error comes before any work
     if params["scale"] is None:
         params["scale"] = 1.0 / math.sqrt(head_dim)
     return encoding, position_ids, params, k, v

@@ -1,22 +1,28 @@
 """Input checks shared by the references, the modules and the kernel wrappers.
 
 Every check raises a ``ValueError`` or ``TypeError`` that says what was wrong and what is allowed.
+
+A check of values (finite, ``>= 0``) reads them back from the device, and a read waits for the
+GPU. Inside an ``attention()`` call the checks that only refuse are queued
+(:func:`refuse_if`) and read together once the call's checks are done
+(:mod:`course_lib.call_scope`): one wait per call, whatever the method checks.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-from course_lib.call_scope import recall, remember
+from course_lib.call_scope import defer, read, recall, remember
 from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
 
 __all__ = [
     "check_choice",
     "check_int",
+    "is_integer",
     "check_real",
     "check_scale",
     "check_even_dim",
@@ -25,6 +31,7 @@ __all__ = [
     "check_tensor_params",
     "has_values",
     "any_true",
+    "refuse_if",
     "check_qkv",
     "check_position_ids",
     "check_key_padding_mask",
@@ -45,9 +52,15 @@ def check_choice(what: str, value: object, allowed: Iterable[str]) -> str:
     return value  # type: ignore[return-value]
 
 
+def is_integer(value: object) -> bool:
+    """An integer of any kind (Python's, numpy's), never a bool: what the course's integer
+    arguments take (:func:`check_int` checks and converts one)."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
+
+
 def check_int(what: str, value: object, minimum: int | None = None) -> int:
     """``value`` as an ``int``: any integer (a numpy one too), never a bool; ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise TypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
     value = int(value)
     if minimum is not None and value < minimum:
@@ -130,8 +143,24 @@ def has_values(t: torch.Tensor) -> bool:
 
 
 def any_true(condition: torch.Tensor) -> bool:
-    """``bool(condition.any())``, False for a ``meta`` tensor (there are no values to test)."""
-    return has_values(condition) and bool(condition.any())
+    """``bool(condition.any())``, False for a ``meta`` tensor (there are no values to test); read
+    together with the call's queued checks (:func:`course_lib.call_scope.read`)."""
+    return has_values(condition) and bool(read(condition.any())[0])
+
+
+def refuse_if(condition: torch.Tensor, error: Callable[[], Exception]) -> None:
+    """Raise ``error()`` if any entry of ``condition`` is true. In an ``attention()`` call the
+    test is queued and read with the call's other checks before anything is computed
+    (:func:`course_lib.call_scope.defer`); outside one it is read now. Nothing is tested for a
+    ``meta`` tensor."""
+    if not has_values(condition):
+        return
+
+    def judge(values: list[float]) -> None:
+        if values[0]:
+            raise error()
+
+    defer([condition.any()], judge)
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -181,7 +210,9 @@ def default_position_ids(seq: int, device: torch.device | str | None = None) -> 
 def check_position_ids(
     position_ids: torch.Tensor, batch: int, seq: int, device: torch.device, dims: int = 1
 ) -> torch.Tensor:
-    """Integer positions on ``device``, one per token, returned with a leading batch axis.
+    """Integer positions on ``device``, one per token, returned as int64 with a leading batch
+    axis (a narrower integer dtype is widened: differences of uint8 or int16 positions would
+    wrap around).
 
     ``dims=1``: ``[seq]`` or ``[batch, seq]`` -> ``[1 or batch, seq]``.
     ``dims=2`` (e.g. the (row, column) of image patches): ``[seq, 2]`` or ``[batch, seq, 2]`` ->
@@ -201,6 +232,7 @@ def check_position_ids(
         )
     per_token = () if dims == 1 else (dims,)
     shape = tuple(position_ids.shape)
+    position_ids = position_ids.long()  # the same tensor when it is int64 already
     if shape == (seq, *per_token):
         return position_ids.unsqueeze(0)
     if (
@@ -264,17 +296,17 @@ def check_float_tensor(
 
 
 def _check_finite(value: torch.Tensor, name: str) -> None:
-    """Every entry finite (read once per call: :mod:`course_lib.call_scope`)."""
+    """Every entry finite (looked at once per call: :mod:`course_lib.call_scope`)."""
     if recall("finite", value):
         return
-    if any_true(~torch.isfinite(value.detach())):
-        _refuse_not_finite(value, name)
+    refuse_if(~torch.isfinite(value.detach()), lambda: _not_finite(value, name))
+    # known from here on in this call: were it not, the queued check raises before any use
     remember("finite", value, True)
 
 
-def _refuse_not_finite(value: torch.Tensor, name: str) -> None:
+def _not_finite(value: torch.Tensor, name: str) -> ValueError:
     bad = value.detach()[~torch.isfinite(value.detach())]
-    raise ValueError(
+    return ValueError(
         f"{name} must be finite, got {bad.numel()} entries that are not (e.g. {bad[0].item()})"
     )
 
@@ -297,19 +329,25 @@ def check_tensor_params(method: str, params: Mapping[str, object], device: torch
             floats[name] = value
     if not floats:
         return
-    # one read for all of them (each read waits for the GPU)
-    finite = torch.stack([torch.isfinite(v.detach()).all() for v in floats.values()]).tolist()
-    for (name, value), ok in zip(floats.items(), finite, strict=True):
-        if not ok:
-            _refuse_not_finite(value, f"method={method!r}: {name}")
+
+    def judge(finite: list[float]) -> None:
+        for (name, value), ok in zip(floats.items(), finite, strict=True):
+            if not ok:
+                raise _not_finite(value, f"method={method!r}: {name}")
+
+    # one read for all of them, and in a call with the call's other checks
+    defer([torch.isfinite(v.detach()).all() for v in floats.values()], judge)
+    for value in floats.values():  # known from here on (else the queued check raises first)
         remember("finite", value, True)
 
 
 def check_distance_penalty(lam: torch.Tensor, heads: int, device: torch.device) -> None:
     """RSE's lambda: a finite, non-negative floating-point tensor ``[heads]`` on ``device``."""
     check_float_tensor(lam, "distance_penalty", "[heads]", device, shape=(heads,))
-    if any_true(lam.detach() < 0):
-        raise ValueError("distance_penalty (lambda) must be >= 0: it penalises distance")
+    refuse_if(
+        lam.detach() < 0,
+        lambda: ValueError("distance_penalty (lambda) must be >= 0: it penalises distance"),
+    )
 
 
 def check_kernel_qkv(

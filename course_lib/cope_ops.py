@@ -20,11 +20,15 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from course_lib.checks import check_kernel_qkv, check_key_padding_mask
 from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
-from course_lib.runtime import check_kernel_tensors, kernel_compute_dtype, load_kernel_module
+from course_lib.runtime import (
+    check_kernel_tensors,
+    first_derivative_only,
+    kernel_compute_dtype,
+    load_kernel_module,
+)
 
 __all__ = ["cope_attention"]
 
@@ -41,7 +45,7 @@ class _CoPEFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_derivative_only
     def backward(ctx, grad_out):
         q, k, v, z, out, lse = ctx.saved_tensors
         kernels = load_kernel_module("cope")

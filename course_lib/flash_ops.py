@@ -29,7 +29,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from course_lib.checks import (
     check_kernel_qkv,
@@ -46,7 +45,12 @@ from course_lib.kernel_hooks import (
     resolve_hook,
 )
 from course_lib.kernels.limits import KERNEL_DTYPES, KERNEL_HEAD_DIMS
-from course_lib.runtime import check_kernel_tensors, kernel_compute_dtype, load_kernel_module
+from course_lib.runtime import (
+    check_kernel_tensors,
+    first_derivative_only,
+    kernel_compute_dtype,
+    load_kernel_module,
+)
 
 __all__ = [
     "FLASH",
@@ -193,6 +197,8 @@ def _bias_tensor(score_bias: ScoreBias, hook, kernel: str) -> torch.Tensor | Non
                 if hook.options
                 else ""
             )
+            + ". Use backend='reference' for this combination (it computes any bias with "
+            "either normaliser)"
         )
     for name in ("per_head", "per_token", "per_diagonal"):
         value = getattr(score_bias, name)
@@ -310,7 +316,7 @@ class _FusedAttentionFunction(torch.autograd.Function):
         return out.to(q.dtype) if keep_fp32 else out
 
     @staticmethod
-    @once_differentiable
+    @first_derivative_only
     def backward(ctx, grad_out: torch.Tensor):
         q, k, v, *saved = ctx.saved_tensors
         call = ctx.call

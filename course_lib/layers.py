@@ -18,6 +18,7 @@ Dropout is applied to the attention output (fused kernels have no dropout on the
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -29,11 +30,25 @@ from course_lib.checks import (
     check_key_padding_mask,
     check_position_ids,
     check_real,
+    is_integer,
 )
 from course_lib.position_facts import arange_positions
 from course_lib.registry import Encoding, get_encoding
 
 __all__ = ["KVCache", "PositionalSelfAttention"]
+
+
+def _check_attention_mask(mask, batch: int, seq: int, past: int, device) -> None:
+    """A layer's ``attention_mask``: bool ``[batch, seq]`` for the tokens of this call; with a
+    cache of ``past`` earlier tokens, the new tokens only (the cache keeps the earlier ones')."""
+    shape = tuple(getattr(mask, "shape", ()))
+    if past and shape == (batch, past + seq):
+        raise ValueError(
+            f"with a key/value cache, attention_mask covers the new tokens only: [batch, new "
+            f"tokens] = [{batch}, {seq}], got {shape} (the cached {past} tokens' mask is kept in "
+            f"the cache); pass attention_mask[:, -{seq}:]"
+        )
+    check_key_padding_mask(mask, batch, seq, device)
 
 
 @dataclass
@@ -54,19 +69,24 @@ class KVCache:
     positions: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     per_key: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the attention layer whose keys it holds (weakly), bound by its first append
+    _owner: weakref.ref | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
-    def append(self, k, v, positions, mask):
+    def append(self, k, v, positions, mask, owner: nn.Module | None = None):
         """Add ``seq`` new keys/values; return everything cached (old then new).
 
         ``k``, ``v`` ``[batch, heads, seq, head_dim]`` (the same shape), ``positions``
         ``[1 or batch, seq(, 2)]``, ``mask`` ``[batch, seq]`` bool or None. A cache holds one
         batch of sequences: new keys must match the cached ones in batch, heads, head_dim, dtype
-        and device.
+        and device. ``owner``: the attention layer appending; a cache holds one layer's keys,
+        and another layer's append is refused (two layers sharing a cache would each attend to
+        the other's keys as if they were earlier tokens).
         """
+        self._check_owner(owner)
         self._check_new(k, v, positions, mask)
         batch, seq = k.shape[0], k.shape[2]
         positions = positions.expand(batch, seq, *positions.shape[2:])
@@ -83,6 +103,19 @@ class KVCache:
             if mask is not None:
                 self.mask = torch.cat((self.mask, mask), dim=1)
         return self.k, self.v, self.positions, self.mask
+
+    def _check_owner(self, owner: nn.Module | None) -> None:
+        if owner is None:
+            return
+        bound = None if self._owner is None else self._owner()
+        if bound is None:
+            self._owner = weakref.ref(owner)
+        elif bound is not owner:
+            raise ValueError(
+                "this KVCache already holds the keys of another attention layer: each layer "
+                "needs a cache of its own (model.new_cache() makes one per layer; "
+                "[KVCache()] * n is one cache repeated n times)"
+            )
 
     def _check_new(self, k, v, positions, mask) -> None:
         """Clear errors for keys that cannot join this cache (see :meth:`append`)."""
@@ -183,17 +216,19 @@ class PositionalSelfAttention(nn.Module):
         super().__init__()
         get_encoding(self.encoding)  # a registered name, or a ValueError listing them
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_integer(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        hidden_size, num_heads = int(hidden_size), int(num_heads)
         if hidden_size % num_heads:
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads}); "
                 f"e.g. num_heads in {[h for h in range(1, 17) if hidden_size % h == 0]}"
             )
-        if not isinstance(max_position_embeddings, int) or max_position_embeddings <= 0:
+        if not is_integer(max_position_embeddings) or max_position_embeddings <= 0:
             raise ValueError(
                 f"max_position_embeddings must be a positive integer, got {max_position_embeddings!r}"
             )
+        max_position_embeddings = int(max_position_embeddings)
         dropout = check_real("dropout (a probability)", dropout, at_least=0.0)
         if not dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -268,7 +303,7 @@ class PositionalSelfAttention(nn.Module):
             position_ids, batch, seq, hidden_states.device, spec.position_dims
         )
         if attention_mask is not None:
-            check_key_padding_mask(attention_mask, batch, seq, hidden_states.device)
+            _check_attention_mask(attention_mask, batch, seq, past, hidden_states.device)
         h_qk, h_v = self.add_positions(hidden_states, position_ids)
         q = self._split_heads(self.query(h_qk))
         k = self._split_heads(self.key(h_qk))
@@ -276,7 +311,9 @@ class PositionalSelfAttention(nn.Module):
         key_positions, key_mask = position_ids, attention_mask
         params = self.attention_params(hidden_states)
         if cache is not None:
-            k, v, key_positions, key_mask = cache.append(k, v, position_ids, attention_mask)
+            k, v, key_positions, key_mask = cache.append(
+                k, v, position_ids, attention_mask, owner=self
+            )
             for name in spec.per_key_params:
                 params[name] = cache.append_per_key(name, params[name])
         # The fused kernels take seq_q == seq_k: a decoding step (new queries against the cache)

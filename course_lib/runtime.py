@@ -21,10 +21,12 @@ If it cannot be bound there it fails loudly (:class:`KernelsLocationError`).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -52,6 +54,7 @@ __all__ = [
     "gpu_has_bf16",
     "gpu_half_dtype",
     "kernels_refuse_bf16",
+    "first_derivative_only",
 ]
 
 #: The first compute capability with bf16 tensor cores (the A100's sm_80). Before it the kernels
@@ -359,3 +362,23 @@ def check_kernel_tensors(*tensors: torch.Tensor) -> None:
                 f"backend='triton' runs on {where} on this machine, so its tensors must be on "
                 f"'{want}', got a tensor on '{t.device}'."
             )
+
+
+def first_derivative_only(backward: Callable) -> Callable:
+    """An autograd ``backward`` of fused kernels, which give first derivatives only: run without
+    building a graph, and refused with a clear error when asked for one (``create_graph=True``:
+    a gradient of a gradient, such as a gradient penalty or a Hessian-vector product), where
+    ``torch.autograd.function.once_differentiable`` hands back gradients with no graph when the
+    incoming gradient has none, and the second-order term goes missing without a word."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "backend='triton' computes first derivatives only: this backward was asked "
+                "for a graph of its own (create_graph=True, a gradient of a gradient). Use "
+                "backend='reference' for higher derivatives"
+            )
+        return backward(ctx, *grads)
+
+    return wrapper

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.checks import check_even_dim
+from course_lib.checks import check_even_dim, is_integer
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import Encoding, register
 
@@ -40,9 +40,9 @@ def sinusoidal_embedding(
 
 def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
     """The table ``[num_positions, dim]`` of :func:`sinusoidal_embedding` for 0..num_positions-1."""
-    if not isinstance(num_positions, int) or num_positions < 0:
+    if not is_integer(num_positions) or num_positions < 0:
         raise ValueError(f"num_positions must be a non-negative integer, got {num_positions}")
-    return sinusoidal_embedding(torch.arange(num_positions), dim, base)
+    return sinusoidal_embedding(torch.arange(int(num_positions)), dim, base)
 
 
 def sinusoidal_shift_matrix(shift: int, dim: int, base: float = 10000.0) -> torch.Tensor:

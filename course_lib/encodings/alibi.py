@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from course_lib.checks import any_true, check_float_tensor
+from course_lib.checks import check_float_tensor, is_integer, refuse_if
 from course_lib.encodings.distance import LINEAR_DISTANCE
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
@@ -33,8 +33,9 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     ``H0`` heads, then the first ``H - H0`` of the odd-numbered slopes of ``2 H0`` heads (they fall
     halfway, in log scale, between the first ones).
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+    if not is_integer(num_heads) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    num_heads = int(num_heads)
     base = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = _geometric_slopes(base)
     if base < num_heads:
@@ -45,11 +46,12 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 def alibi_distance_bias(distances: torch.Tensor, params: dict) -> torch.Tensor:
     """-m_h |p_i - p_j| with fixed geometric slopes m_h
 
-    ``distances`` (``p_i - p_j``, int64, any shape) -> ``[heads, *distances.shape]`` in the
-    slopes' dtype.
+    ``distances`` (``p_i - p_j``, int64, any shape) -> ``[heads, *distances.shape]`` in float32
+    (float64 for float64 slopes), whatever the slopes' dtype.
     """
-    slopes = params["slopes"]
-    return -slopes.view(-1, *([1] * distances.dim())) * distances.abs().to(slopes.dtype)
+    dtype = torch.promote_types(params["slopes"].dtype, torch.float32)
+    slopes = params["slopes"].to(dtype)
+    return -slopes.view(-1, *([1] * distances.dim())) * distances.abs().to(dtype)
 
 
 def alibi_kernel_bias(params: dict, positions: torch.Tensor) -> ScoreBias:
@@ -66,11 +68,13 @@ def check_alibi_params(params: dict, *, heads: int, head_dim: int, device, **cal
         params["slopes"] = alibi_slopes(heads).to(device)
         return
     check_float_tensor(slopes, "ALiBi slopes", "[heads]", device, shape=(heads,))
-    if any_true(slopes.detach() < 0):
-        raise ValueError(
-            "ALiBi slopes must be >= 0: the bias -m |i - j| penalises distance; a negative slope "
-            "would reward it"
-        )
+    refuse_if(
+        slopes.detach() < 0,
+        lambda: ValueError(
+            "ALiBi slopes must be >= 0: the bias -m |i - j| penalises distance; a negative "
+            "slope would reward it"
+        ),
+    )
 
 
 class AlibiAttention(PositionalSelfAttention):

@@ -50,7 +50,7 @@ import math
 import torch
 from torch import nn
 
-from course_lib.checks import check_floating_input
+from course_lib.checks import check_floating_input, is_integer
 from course_lib.encodings.liere import (
     LIERE_BLOCK_SIZE,
     apply_blocks,
@@ -222,7 +222,7 @@ class ComRoPEAttention(PositionalSelfAttention):
     ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
         if (
-            not isinstance(block_size, int)
+            not is_integer(block_size)
             or block_size < 2
             or block_size % 2
             or self.head_dim % block_size

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.checks import check_float_tensor
+from course_lib.checks import check_float_tensor, is_integer
 from course_lib.encodings.liere import (
     LIERE_BLOCK_SIZE,
     apply_blocks,
@@ -67,7 +67,7 @@ def check_block_count(head_dim: int, block_size: int, what: str) -> None:
     """``block_size`` an integer >= 2 dividing ``head_dim`` into a whole number of blocks per
     axis (``head_dim / block_size`` a multiple of 2)."""
     if (
-        not isinstance(block_size, int)
+        not is_integer(block_size)
         or block_size < 2
         or head_dim % block_size
         or (head_dim // block_size) % AXES

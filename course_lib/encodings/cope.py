@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.checks import any_true, check_float_tensor
+from course_lib.checks import any_true, check_float_tensor, is_integer
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -73,7 +73,7 @@ def interpolate_position_logits(z: torch.Tensor, positions: torch.Tensor) -> tor
             f"positions must be a real floating-point tensor (counts, read between integer "
             f"positions), got {positions.dtype}"
         )
-    if any_true(positions < 0) or any_true(positions > npos - 1):
+    if any_true((positions < 0) | (positions > npos - 1)):  # one read
         finite = positions.detach()[~torch.isnan(positions.detach())]
         raise ValueError(
             f"positions must lie in [0, npos - 1] = [0, {npos - 1}] (z holds npos={npos} logits "
@@ -156,12 +156,12 @@ class CoPEAttention(PositionalSelfAttention):
     ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
         npos = max_position_embeddings if npos is None else npos
-        if isinstance(npos, bool) or not isinstance(npos, int) or npos < 2:
+        if not is_integer(npos) or npos < 2:
             raise ValueError(
                 f"npos must be an integer >= 2 (counts are interpolated between two integer "
                 f"positions), got {npos!r}"
             )
-        self.npos = npos
+        self.npos = npos = int(npos)
         self.position_embeddings = nn.Parameter(torch.zeros(npos, self.head_dim))
 
     def attention_params(self, hidden_states: torch.Tensor) -> dict:

@@ -18,11 +18,13 @@ def linear_distance_bias(
 ) -> torch.Tensor:
     """``b_ij = -slopes[h] * |p_i - p_j|``: ``[1|B, Nq]``, ``[1|B, Nk]``, ``[H]`` -> ``[1|B, H, Nq, Nk]``.
 
-    A penalty that grows linearly with distance (RSE's lambda, ALiBi's slopes). In the dtype of
-    ``slopes``, so gradients reach them.
+    A penalty that grows linearly with distance (RSE's lambda, ALiBi's slopes). In float32
+    (float64 for float64 slopes), whatever the slopes' dtype, as the kernels compute it: in
+    float16 a distance past 65504 is inf; gradients reach the slopes through the cast.
     """
     distance = (query_positions.unsqueeze(-1) - key_positions.unsqueeze(-2)).abs()  # [1|B, Nq, Nk]
-    return -slopes.view(1, -1, 1, 1) * distance.unsqueeze(1).to(slopes.dtype)
+    dtype = torch.promote_types(slopes.dtype, torch.float32)
+    return -slopes.to(dtype).view(1, -1, 1, 1) * distance.unsqueeze(1).to(dtype)
 
 
 # -- the fused kernels' hook (Triton only) --------------------------------------------------------

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.call_scope import recall, remember
+from course_lib.call_scope import defer, recall, remember
 from course_lib.checks import check_float_tensor, has_values
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
@@ -80,12 +80,16 @@ def check_fox_params(params: dict, *, heads: int, head_dim: int, device, positio
     values = log_forget.detach()
     if values.numel() == 0 or not has_values(values):
         return
-    top, low = torch.stack((values.max(), values.min())).tolist()  # one read
-    if top > 0:
-        raise ValueError(
-            f"log_forget must be <= 0 (log of a gate f in (0, 1]); got a maximum of {top:.3g}"
-        )
-    remember("fox_lowest_gate", log_forget, low)  # bounds the kernels' cumulative sum
+
+    def judge(extremes: list[float]) -> None:
+        top, low = extremes
+        if top > 0:
+            raise ValueError(
+                f"log_forget must be <= 0 (log of a gate f in (0, 1]); got a maximum of {top:.3g}"
+            )
+        remember("fox_lowest_gate", log_forget, low)  # bounds the kernels' cumulative sum
+
+    defer([values.max(), values.min()], judge)  # read with the call's other checks
 
 
 # -- the fused kernels' hook (Triton only) --------------------------------------------------------

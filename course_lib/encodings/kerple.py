@@ -43,11 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib.checks import (
-    any_true,
     check_choice,
     check_float_tensor,
     check_integer_tensor,
-    has_values,
+    refuse_if,
 )
 from course_lib.kernel_hooks import ScoreBias
 from course_lib.layers import PositionalSelfAttention
@@ -64,7 +63,7 @@ def kerple_bias(
     distances: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, variant: str = "log"
 ) -> torch.Tensor:
     """KERPLE's bias of each distance: ``[...]`` (integer ``p_i - p_j``), ``[H]``, ``[H]`` ->
-    ``[H, ...]`` in the parameters' dtype.
+    ``[H, ...]`` in float32 (float64 for float64 parameters), whatever their dtype.
 
     ``log``: ``-r1 log(1 + r2 |d|)``; ``power``: ``-r1 |d|^r2`` (0 at ``d = 0``, where the
     exponent's gradient ``|d|^r2 log|d|`` is taken as its limit, 0). ``r1`` and ``r2`` must be
@@ -90,10 +89,12 @@ def kerple_bias(
 
 
 def _kerple_bias(distances, r1, r2, variant):
-    """:func:`kerple_bias` of arguments already checked."""
+    """:func:`kerple_bias` of arguments already checked, in float32 (float64 if ``r1`` or ``r2``
+    is), whatever their dtype."""
     shape = (-1, *([1] * distances.dim()))
-    r1, r2 = r1.view(shape), r2.view(shape)
-    distance = distances.abs().to(r1.dtype)
+    dtype = torch.promote_types(torch.promote_types(r1.dtype, r2.dtype), torch.float32)
+    r1, r2 = r1.to(dtype).view(shape), r2.to(dtype).view(shape)
+    distance = distances.abs().to(dtype)
     if variant == "log":
         return -r1 * torch.log1p(r2 * distance)
     positive = distance > 0
@@ -235,26 +236,28 @@ def check_kerple_params(params: dict, *, heads: int, head_dim: int, device, **ca
 
 
 def _check_kerple_values(r1: torch.Tensor, r2: torch.Tensor, variant: str) -> None:
-    """Finite floating ``r1``, ``r2``, both > 0 for every head; ``r2 <= 2`` for ``power``."""
+    """Finite floating ``r1``, ``r2``, both > 0 for every head; ``r2 <= 2`` for ``power``
+    (queued with the call's other checks: one read for all)."""
     pairs = (("r1", r1), ("r2", r2))
     for name, value in pairs:
         if not value.is_floating_point():
             raise TypeError(f"KERPLE {name} must be a floating-point tensor, got {value.dtype}")
-    if not has_values(r1) or not has_values(r2):
-        return
-    # one read for both (each read waits for the GPU)
-    bad = torch.stack([(~torch.isfinite(v.detach()) | (v.detach() <= 0)).any() for _, v in pairs])
-    for (name, value), is_bad in zip(pairs, bad.tolist(), strict=True):
+    for name, value in pairs:
         values = value.detach()
-        if is_bad:
-            raise ValueError(
+        refuse_if(
+            ~torch.isfinite(values) | (values <= 0),
+            lambda name=name, values=values: ValueError(
                 f"KERPLE {name} must be > 0 for every head, and finite (the kernel's "
                 f"parameters), got {values.tolist() if values.numel() <= 8 else 'other values'}"
-            )
-    if variant == "power" and any_true(r2.detach() > 2):
-        raise ValueError(
-            "KERPLE's power variant needs 0 < r2 <= 2 (|d|^r2 is conditionally positive "
-            "definite only there)"
+            ),
+        )
+    if variant == "power":
+        refuse_if(
+            r2.detach() > 2,
+            lambda: ValueError(
+                "KERPLE's power variant needs 0 < r2 <= 2 (|d|^r2 is conditionally positive "
+                "definite only there)"
+            ),
         )
 
 

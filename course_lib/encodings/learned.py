@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_real, has_values
+from course_lib.checks import check_real, has_values, is_integer
 from course_lib.layers import PositionalSelfAttention
 from course_lib.position_facts import position_facts
 from course_lib.registry import Encoding, register
@@ -77,8 +77,9 @@ class LearnedAttention(PositionalSelfAttention):
 
         Row ``r`` of the new table is the old table read at ``r * (old - 1) / (new_size - 1)``.
         """
-        if not isinstance(new_size, int) or new_size < 2:
+        if not is_integer(new_size) or new_size < 2:
             raise ValueError(f"new_size must be an integer >= 2, got {new_size!r}")
+        new_size = int(new_size)
         old = self.position_embeddings.weight  # [old, hidden]
         stretched = F.interpolate(
             old.T.unsqueeze(0), size=new_size, mode="linear", align_corners=True

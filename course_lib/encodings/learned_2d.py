@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.checks import is_integer
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import Encoding, register
 
@@ -61,8 +62,9 @@ class Learned2DAttention(PositionalSelfAttention):
         Row ``r`` of a new table is the old one read at ``r * (old - 1) / (new_size - 1)``: the
         first and last rows stay where they were, a larger grid is squeezed onto the trained one.
         """
-        if not isinstance(new_size, int) or new_size < 2:
+        if not is_integer(new_size) or new_size < 2:
             raise ValueError(f"new_size must be an integer >= 2, got {new_size!r}")
+        new_size = int(new_size)
         for name in ("row_embeddings", "column_embeddings"):
             old = getattr(self, name).weight  # [old, hidden]
             stretched = F.interpolate(

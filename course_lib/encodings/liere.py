@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.checks import check_floating_input, check_real, has_values
+from course_lib.checks import check_floating_input, check_real, has_values, is_integer
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
 
@@ -353,7 +353,7 @@ class LieREAttention(PositionalSelfAttention):
         init_std: float = 0.5,
     ):
         super().__init__(hidden_size, num_heads, max_position_embeddings, dropout, backend)
-        if not isinstance(block_size, int) or block_size < 2 or self.head_dim % block_size:
+        if not is_integer(block_size) or block_size < 2 or self.head_dim % block_size:
             raise ValueError(
                 f"block_size must be an integer >= 2 that divides head_dim={self.head_dim}, got "
                 f"{block_size!r}"

@@ -384,7 +384,14 @@ def apply_rope(
 
 def _default_seq_len(positions: torch.Tensor) -> int:
     """Dynamic scaling's current length: ``max(positions) + 1`` (0 for no positions)."""
-    return int(positions.max()) + 1 if positions.numel() else 0
+    length = int(positions.max()) + 1 if positions.numel() else 0
+    if length < 0:
+        raise ValueError(
+            "dynamic RoPE scaling takes the current length from the largest position + 1, "
+            f"here {length}, which is no length. Pass seq_len (the "
+            "length to scale for), or positions that reach 0"
+        )
+    return length
 
 
 def rope_half_permutation(head_dim: int) -> torch.Tensor:

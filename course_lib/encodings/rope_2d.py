@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.checks import check_choice, check_floating_input, check_real
+from course_lib.checks import check_choice, check_floating_input, check_real, is_integer
 from course_lib.encodings.rope import rotate_pairs
 from course_lib.kernel_hooks import PAIR_LAYOUTS, QKTables
 from course_lib.layers import PositionalSelfAttention
@@ -37,10 +37,10 @@ __all__ = [
 def check_axial_head_dim(head_dim: int) -> None:
     """Axial 2D RoPE gives half the channel pairs to each axis: ``head_dim`` must be a positive
     multiple of 4 (an even number of pairs)."""
-    if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 4:
+    if not is_integer(head_dim) or head_dim <= 0 or head_dim % 4:
         pairs = (
             f"{head_dim // 2} pairs"
-            if isinstance(head_dim, int) and head_dim % 2 == 0
+            if is_integer(head_dim) and head_dim % 2 == 0
             else "channels that do not even form pairs"
         )
         raise ValueError(

@@ -69,8 +69,11 @@ def rope_mixed_angles(coords: torch.Tensor, frequencies: torch.Tensor) -> torch.
     """``angle[..., h, p, t] = row(p) f[h, 0, t] + col(p) f[h, 1, t]``.
 
     ``coords``: ``[seq, 2]`` or ``[batch, seq, 2]``; ``frequencies``: ``[heads, 2, D/2]``.
-    Returns ``[heads, seq, D/2]`` or ``[batch, heads, seq, D/2]``, in the frequencies' dtype.
+    Returns ``[heads, seq, D/2]`` or ``[batch, heads, seq, D/2]``, in float32 (float64 for
+    float64 frequencies): in 16 bits an angle of a few hundred radians keeps no digit after the
+    point.
     """
+    frequencies = frequencies.to(torch.promote_types(frequencies.dtype, torch.float32))
     c = coords.to(frequencies.dtype)
     if c.dim() == 3:
         c = c[:, None]  # [batch, 1, seq, 2]: the same for every head

@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from course_lib.checks import check_float_tensor
+from course_lib.checks import check_float_tensor, is_integer
 from course_lib.kernel_hooks import ScoreBias, distance_score_bias
 from course_lib.layers import PositionalSelfAttention
 from course_lib.registry import REQUIRED, Encoding, register
@@ -48,7 +48,7 @@ def check_bucket_options(num_buckets: int, max_distance: int, bidirectional: boo
     if not isinstance(bidirectional, bool):
         raise TypeError(f"bidirectional must be True or False, got {bidirectional!r}")
     for name, value in (("num_buckets", num_buckets), ("max_distance", max_distance)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_integer(value):
             raise TypeError(f"{name} must be an integer, got {value!r}")
     if bidirectional and num_buckets % 2:
         raise ValueError(

@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from course_lib.checks import check_integer_tensor, has_values
+from course_lib.checks import check_integer_tensor, has_values, is_integer
 from course_lib.encodings.rope import (
     RoPEAttention,
     check_rope_params,
@@ -71,8 +71,9 @@ _FLOAT32_LOG_RANGE = -math.log(torch.finfo(torch.float32).tiny)
 def xpos_decay(head_dim: int, gamma: float = XPOS_GAMMA) -> torch.Tensor:
     """``zeta_t = (t / (D/2) + gamma) / (1 + gamma)`` for pairs ``t = 0 .. D/2 - 1``: ``[D/2]``
     float32, in ``[gamma / (1 + gamma), 1)``."""
-    if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+    if not is_integer(head_dim) or head_dim <= 0 or head_dim % 2:
         raise ValueError(f"head_dim must be a positive even integer, got {head_dim!r}")
+    head_dim = int(head_dim)
     t = torch.arange(head_dim // 2, dtype=torch.float64)
     return ((t / (head_dim // 2) + gamma) / (1 + gamma)).to(torch.float32)
 
@@ -155,9 +156,9 @@ def _centred(position_ids: torch.Tensor, centre) -> torch.Tensor:
                 f"shape {tuple(positions.shape)} (e.g. [batch, 1]: one centre per sequence)"
             ) from None
         return positions - centre.to(torch.int64)
-    if isinstance(centre, bool) or not isinstance(centre, int):
+    if not is_integer(centre):
         raise TypeError(f"centre must be None, an int or an integer tensor, got {centre!r}")
-    return positions - centre
+    return positions - int(centre)
 
 
 def apply_xpos(
