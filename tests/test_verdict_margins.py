@@ -196,6 +196,17 @@ def test_the_stick_row_check_accepts_the_solutions_and_names_a_reversed_stick(ca
     assert "you broke the stick from key 0" in capsys.readouterr().out
 
 
+def _assert_margins_recompute(report: dict, verdicts) -> None:
+    """The file's verdicts are ``verdicts``, and recomputed from them as they are now (not read
+    from the file) each holds in every setting, at least 3 spreads from its threshold."""
+    assert list(report["verdicts"]) == [v.label for v in verdicts]
+    again = vm.verdict_margins(report["settings"], verdicts, report["seeds"])
+    for label, entry in again.items():
+        assert entry["values"] == pytest.approx(report["verdicts"][label]["values"]), label
+        assert entry["holds_everywhere"], label
+        assert entry["margin"] >= vm.MARGIN_FACTOR, (label, entry["margin"])
+
+
 # -- notebook 06: the live cell re-scores the committed seed-0 models ----------------------------
 
 COMMITTED_06 = REPO / "figures" / "06_verdict_margins.json"
@@ -209,13 +220,7 @@ def test_notebook_06s_live_verdicts_keep_three_spreads_in_every_setting_measured
     assert {(s["capability"], s["threads"]) for s in report["settings"]} >= {
         ("DEFAULT", 1), ("DEFAULT", 2), ("AVX2", 1), ("AVX2", 2),
     }  # fmt: skip
-    assert set(report["verdicts"]) == {v.label for v in experiment.VERDICTS}
-    # recomputed from the module's VERDICTS as they are now, not read from the file
-    again = vm.verdict_margins(report["settings"], experiment.VERDICTS, report["seeds"])
-    for label, entry in again.items():
-        assert entry["values"] == pytest.approx(report["verdicts"][label]["values"]), label
-        assert entry["holds_everywhere"], label
-        assert entry["margin"] >= vm.MARGIN_FACTOR, (label, entry["margin"])
+    _assert_margins_recompute(report, experiment.VERDICTS)
 
 
 def test_notebook_06s_printed_live_losses_sit_three_spreads_from_a_rounding_boundary():
@@ -248,12 +253,7 @@ def test_notebook_11s_live_verdicts_keep_three_spreads_in_every_setting_measured
     report = json.loads(COMMITTED_11.read_text())
     assert report["function"] == "course_lib.teaching.capstone:live_seed"
     assert {s["capability"] for s in report["settings"]} >= {"DEFAULT", "AVX2"}
-    assert set(report["verdicts"]) == {v.label for v in capstone.VERDICTS}
-    again = vm.verdict_margins(report["settings"], capstone.VERDICTS, report["seeds"])
-    for label, entry in again.items():
-        assert entry["values"] == pytest.approx(report["verdicts"][label]["values"]), label
-        assert entry["holds_everywhere"], label
-        assert entry["margin"] >= vm.MARGIN_FACTOR, (label, entry["margin"])
+    _assert_margins_recompute(report, capstone.VERDICTS)
 
 
 #: Every committed measurement and the module whose VERDICTS it holds.
