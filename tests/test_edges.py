@@ -39,6 +39,15 @@ def test_narrow_integer_positions_give_what_int64_positions_give(method, dtype):
     expected = attention(q, k, v, method=method, causal=causal, position_ids=wide, **params)
     got = attention(q, k, v, method=method, causal=causal, position_ids=wide.to(dtype), **params)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # signed ones wrap too once two positions are further apart than the dtype holds (int32's
+    # reach, 2^31, is past what the methods' float32 angles and decays hold anyway)
+    if dtype in (torch.int8, torch.int16):
+        low, high = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+        spread = torch.tensor([low, low + 1, 0, high - 7, high - 1, high])
+        expected = attention(q, k, v, method=method, causal=causal, position_ids=spread, **params)
+        got = attention(q, k, v, method=method, causal=causal, position_ids=spread.to(dtype),
+                        **params)  # fmt: skip
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def test_a_learned_table_takes_narrow_integer_positions():
