@@ -88,3 +88,12 @@ def test_fire_on_the_kernels_refuses_queries_past_l(fire):
     with pytest.raises(ValueError, match="below L = 64.0"):
         module(x, causal=True)
     assert module(x[:, :64], causal=True).shape == (1, 64, 32)
+
+
+def test_the_checker_rejects_a_bias_that_cuts_the_gradients_of_c_and_l(capsys):
+    def cut(query, key, params):  # float() of a learned parameter: right values, no gradient
+        fixed = dict(params, c=torch.tensor(float(params["c"].detach()), dtype=torch.float64))
+        return fire_bias(query, key, fixed)
+
+    assert not check_fire_bias(cut)
+    assert "the gradient of c is none" in capsys.readouterr().out

@@ -9,8 +9,8 @@ formula (:func:`course_lib.teaching.solutions.nb11.fire_bias`)::
 on positions that start past 0 (they count from each sequence's first key), queries below, at
 and beyond ``L``, and a batch of two sequences. It names the usual mistakes when it sees one: the
 distance's sign, ``psi`` without the ``+ 1``, ``f`` applied before dividing, positions not counted
-from the first key, and the gradient of ``L`` at a tie ``i = L`` (the position wins: ``L`` gets
-none).
+from the first key, gradients that do not reach ``c`` and ``L``, and the gradient of ``L`` at a
+tie ``i = L`` (the position wins: ``L`` gets none).
 """
 
 from __future__ import annotations
@@ -103,11 +103,24 @@ def _failures(fn: Callable) -> list[str]:
                 f"{float(worst.max()):.2g})"]  # fmt: skip
     # the gradient of L at a tie: a query exactly at i = L
     row = got[0, :, 6, :7].sum()  # query at position 9, first key 3: i = 6 = L
-    (grad_l,) = torch.autograd.grad(row, params["L"], allow_unused=True)
+    (grad_l,) = torch.autograd.grad(row, params["L"], allow_unused=True, retain_graph=True)
     tie = 0.0 if grad_l is None else float(grad_l)
     if tie != 0.0:
         return [f"at a tie i = L the position wins and L gets no gradient; yours gives L "
                 f"{tie:.3g} (torch.maximum splits a tie: use torch.where(i >= L, i, L))"]  # fmt: skip
+    # c and L are learned: their gradients must reach them (a float() of either cuts them off)
+    weights = torch.linspace(0.5, 1.5, int(causal.sum()), dtype=F64)
+    learned = (params["c"], params["L"])
+    theirs = torch.autograd.grad(
+        (ours * weights).sum(), learned, allow_unused=True, retain_graph=True
+    )
+    expected = torch.autograd.grad((want[..., causal] * weights).sum(), learned, retain_graph=True)
+    for name, g, e in zip(("c", "L"), theirs, expected, strict=True):
+        if g is None or not torch.allclose(g, e, rtol=1e-6, atol=1e-9):
+            got_text = "none" if g is None else f"{float(g):.4g}"
+            return [f"the gradient of {name} is {got_text}, expected {float(e):.4g}: {name} is "
+                    f"learned, so keep params[{name!r}] a tensor in the formula (float() or "
+                    ".item() cuts it off)"]  # fmt: skip
     return []
 
 

@@ -64,7 +64,8 @@ def check_stick_row(
     for z in _rows(extreme):
         big = bool(z.abs().max() > 20)
         desc = f"z={z.tolist()}" if len(z) <= 6 else f"the random row of {len(z)} keys"
-        got, want = fn(z), reference_row(z)
+        want = reference_row(z)  # before the learner's code, which might change z in place
+        got = fn(z.clone())
         if got.shape != z.shape:
             failures.append(f"{desc}: shape {tuple(got.shape)}, expected {tuple(z.shape)}")
             continue
@@ -87,7 +88,8 @@ def check_stick_row(
             (grad,) = torch.autograd.grad(fn(zg).sum(), zg)
             if not torch.isfinite(grad).all():
                 failures.append(
-                    f"{desc}: the gradient has NaN/inf: log(1 - sigmoid(z)) is log 0 for large "
-                    "z; use -softplus(z)"
+                    f"{desc}: the gradient has NaN/inf: a log of sigmoid(z) or 1 - sigmoid(z) "
+                    "computed as written reaches log 0 for large |z|, and so does log1p(exp(z)); "
+                    "use -softplus(z) and F.logsigmoid(z)"
                 )
     return report_check(name, failures)
