@@ -70,7 +70,7 @@ class KVCache:
     mask: torch.Tensor | None = None
     per_key: dict[str, torch.Tensor] = field(default_factory=dict)
     # the attention layer whose keys it holds (weakly), bound by its first append
-    _owner: weakref.ref | None = field(default=None, repr=False, compare=False)
+    _owner: weakref.ref | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def length(self) -> int:

@@ -227,11 +227,6 @@ class MiniBert(nn.Module):
                 raise ValueError(
                     f"cache must hold one KVCache per layer ({len(self.layers)}), got {len(cache)}"
                 )
-            if len({id(c) for c in cache}) != len(cache):
-                raise ValueError(
-                    "cache holds the same KVCache for several layers: each layer needs its own "
-                    "(model.new_cache(); [KVCache()] * n is one cache repeated n times)"
-                )
         h = self.embedding_dropout(self.token_embeddings(input_ids))
         for i, layer in enumerate(self.layers):
             h = layer(

@@ -86,7 +86,7 @@ def test_a_cache_shared_by_two_layers_is_refused():
                         encoding="rope", objective="clm")  # fmt: skip
     model = MiniBert(config)
     ids = torch.randint(0, 20, (1, 6))
-    with pytest.raises(ValueError, match=r"same KVCache for several layers.*\[KVCache\(\)\] \* n"):
+    with pytest.raises(ValueError, match=r"another attention layer.*\[KVCache\(\)\] \* n"):
         model(ids, cache=[KVCache()] * 2)
     first, second = (get_encoding("rope").module(32, 2) for _ in range(2))
     cache, x = KVCache(), torch.randn(1, 3, 32)

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.call_scope import call_scope
 from course_lib.checks import (
     check_choice,
     check_float_tensor,
@@ -84,7 +85,8 @@ def kerple_bias(
             f"and {tuple(r2.shape)}"
         )
     check_choice("KERPLE variant", variant, KERPLE_VARIANTS)
-    _check_kerple_values(r1, r2, "log")  # power's r2 > 2 stays a formula to look at
+    with call_scope():  # its checks read back together, once
+        _check_kerple_values(r1, r2, "log")  # power's r2 > 2 stays a formula to look at
     return _kerple_bias(distances, r1, r2, variant)
 
 
