@@ -45,6 +45,22 @@ def test_the_checker_rejects_a_tie_that_gives_l_a_gradient(capsys):
     assert "not yet" in out and "L gets no gradient" in out
 
 
+def _distance_not_clamped(query_positions, key_positions, params):
+    first = key_positions.amin(dim=-1, keepdim=True)
+    i = (query_positions - first).double()
+    j = (key_positions - first).double()
+    distance = i.unsqueeze(-1) - j.unsqueeze(-2)  # negative after the query: log1p of < -1
+    reach = torch.where(i >= params["L"], i, params["L"])
+    ratio = torch.log1p(params["c"] * distance) / torch.log1p(params["c"] * reach).unsqueeze(-1)
+    return fire_mlp(ratio, params).movedim(0, 1)
+
+
+def test_the_checker_names_a_distance_not_clamped_not_the_tie(capsys):
+    assert not check_fire_bias(_distance_not_clamped)
+    out = capsys.readouterr().out
+    assert "clamp the distance at 0" in out and "tie" not in out
+
+
 def test_the_checker_reports_a_wrong_shape_and_an_error(capsys):
     assert not check_fire_bias(lambda q, k, p: fire_bias(q, k, p)[0])
     assert not check_fire_bias(lambda q, k, p: 1 / 0)

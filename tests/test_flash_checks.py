@@ -1,9 +1,10 @@
 """Notebook 01b's check of the online-softmax step: the worked solution passes, and each wrong
 step a careful learner could write is rejected."""
 
+import pytest
 import torch
 
-from course_lib.teaching.flash_checks import check_online_step, state_over
+from course_lib.teaching.flash_checks import check_merge, check_online_step, state_over
 from course_lib.teaching.solutions import nb01b
 
 
@@ -95,3 +96,34 @@ def test_an_unstabilised_step_is_rejected(capsys):
         return torch.maximum(m, scores.amax(dim=-1)), l_sum + p.sum(dim=-1), acc + p @ values
 
     _check_rejects(unstabilised, capsys, "blocks of 1")
+
+
+def test_the_worked_merge_passes(capsys):
+    assert check_merge(nb01b.merge_softmax_states)
+    assert "✓ merge_softmax_states: correct" in capsys.readouterr().out
+
+
+def _merge_without_rescaling(state_a, state_b):
+    m = torch.maximum(state_a[0], state_b[0])
+    return m, state_a[1] + state_b[1], state_a[2] + state_b[2]
+
+
+def _merge_rescaling_the_sums_only(state_a, state_b):
+    m, l_sum, _ = nb01b.merge_softmax_states(state_a, state_b)
+    return m, l_sum, state_a[2] + state_b[2]
+
+
+@pytest.mark.parametrize(
+    ("merge", "hint"),
+    [
+        (lambda a, b: (a[0], a[1] + b[1], a[2] + b[2]), "the merged max should be max(m_a, m_b)"),
+        (_merge_without_rescaling, "rescale l_a by exp(m_a - m)"),
+        (_merge_rescaling_the_sums_only, "the merged acc is wrong: rescale like the sums"),
+        (lambda a, b: nb01b.merge_softmax_states(a, b)[:2], "as a tuple (m, l, acc)"),
+        (lambda a, b: [t.double() for t in nb01b.merge_softmax_states(a, b)], "m: dtype"),
+    ],
+)
+def test_each_wrong_merge_gets_its_hint(merge, hint, capsys):
+    assert not check_merge(merge)
+    out = capsys.readouterr().out
+    assert hint in out, out

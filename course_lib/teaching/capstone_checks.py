@@ -9,8 +9,9 @@ formula (:func:`course_lib.teaching.solutions.nb11.fire_bias`)::
 on positions that start past 0 (they count from each sequence's first key), queries below, at
 and beyond ``L``, and a batch of two sequences. It names the usual mistakes when it sees one: the
 distance's sign, ``psi`` without the ``+ 1``, ``f`` applied before dividing, positions not counted
-from the first key, gradients that do not reach ``c`` and ``L``, and the gradient of ``L`` at a
-tie ``i = L`` (the position wins: ``L`` gets none).
+from the first key, a distance not clamped at 0 (NaN on the masked pairs, which still poisons the
+gradients), gradients that do not reach ``c`` and ``L``, and the gradient of ``L`` at a tie
+``i = L`` (the position wins: ``L`` gets none).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from collections.abc import Callable
 
 import torch
 
+from course_lib.teaching.answers import Exercise, form_problem
 from course_lib.teaching.notebook import report_check
 from course_lib.teaching.solutions.nb11 import fire_bias, fire_mlp
 
-__all__ = ["check_fire_bias", "example_fire_params"]
+__all__ = ["check_fire_bias", "example_fire_params", "EXERCISES"]
 
 F64 = torch.float64
 
@@ -89,9 +91,9 @@ def _failures(fn: Callable) -> list[str]:
         got = fn(query, key, params)
     except Exception as exc:  # noqa: BLE001 - the learner's code may raise anything
         return [f"calling it raised {type(exc).__name__}: {exc}"]
-    if not torch.is_tensor(got) or got.shape != want.shape:
-        shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-        return [f"shape: expected {tuple(want.shape)} [batch, heads, Nq, Nk], got {shape}"]
+    problem = form_problem(got, want, dtype=False)
+    if problem:
+        return [f"{problem} ([batch, heads, Nq, Nk])"]
     ours = got.to(F64)[..., causal]
     if not torch.allclose(ours, want[..., causal], atol=1e-9, rtol=1e-9):
         for mistake, advice in _MISTAKES.items():
@@ -101,6 +103,11 @@ def _failures(fn: Callable) -> list[str]:
         worst = (ours - want[..., causal]).detach().abs().nan_to_num(float("inf"))
         return [f"values differ from the formula on the pairs j <= i (largest difference "
                 f"{float(worst.max()):.2g})"]  # fmt: skip
+    # the keys after the query: masked out, but a NaN there still reaches the gradients
+    if not torch.isfinite(got.detach()).all():
+        return ["values: NaN or inf on the pairs j > i (keys after the query): the causal mask "
+                "removes them from the softmax, but not from the backward pass (0 * NaN is NaN), so "
+                "clamp the distance at 0 first: (i - j).clamp_min(0)"]  # fmt: skip
     # the gradient of L at a tie: a query exactly at i = L
     row = got[0, :, 6, :7].sum()  # query at position 9, first key 3: i = 6 = L
     (grad_l,) = torch.autograd.grad(row, params["L"], allow_unused=True, retain_graph=True)
@@ -128,3 +135,6 @@ def check_fire_bias(fn: Callable) -> bool:
     """Check ``fn`` against FIRE's formula (module docstring): print the verdict, or the first
     problem found with advice, and return True when everything holds."""
     return report_check("fire_bias", _failures(fn))
+
+
+EXERCISES = [Exercise("fire_bias", check_fire_bias, fire_bias, accepts=("dtype",))]

@@ -1,4 +1,5 @@
-"""The check of notebook 01b's first exercise: one step of the online softmax.
+"""The checks of notebook 01b's exercises: one step of the online softmax, and the merge of two
+states.
 
 A softmax *state* over a set of keys is ``(m, l, acc)``: the largest score, the sum of
 ``exp(s_j - m)`` and the sum of ``exp(s_j - m) v_j``. Over no keys at all (the start, or a row
@@ -15,6 +16,11 @@ keys into a state; the check holds it to that definition on every input the exer
 * masked keys (score ``-inf``): a row whose keys are all masked keeps the empty state, with no
   NaN, while the other rows of the same call go on as usual; a row whose first blocks are all
   masked starts counting at its first allowed key.
+
+``check_merge(fn)`` calls ``fn(state_a, state_b)`` on the states of two disjoint sets of keys (the
+keys split after 1, 5 and 11 of 12, with maxima far apart) and compares the result with the state
+of their union, part by part, then checks that ``acc / l`` is softmax attention. A wrong part is
+named with the rescaling it misses.
 """
 
 from __future__ import annotations
@@ -23,9 +29,12 @@ from collections.abc import Callable
 
 import torch
 
+from course_lib.attention import attention
+from course_lib.teaching.answers import Exercise, answer_problem, form_problem
 from course_lib.teaching.notebook import report_check
+from course_lib.teaching.solutions import nb01b
 
-__all__ = ["check_online_step", "empty_state", "state_over"]
+__all__ = ["check_online_step", "check_merge", "empty_state", "state_over", "EXERCISES"]
 
 NEG_INF = float("-inf")
 
@@ -60,15 +69,11 @@ def _fold(fn: Callable, state, scores, values, block: int):
 def _compare(where: str, got, want, rows=None) -> str | None:
     """The first way ``got`` differs from the state ``want`` (``rows``: a boolean mask of the
     rows to compare; the others are compared by the caller), or None."""
-    try:
-        m, l_sum, acc = got
-    except (TypeError, ValueError):
-        return f"{where}: return the new state as a tuple (m, l, acc)"
+    failure = _state_form(where, got, want)
+    if failure:
+        return failure
+    m, l_sum, acc = got
     m_want, l_want, acc_want = want
-    for name, tensor, wanted in (("m", m, m_want), ("l", l_sum, l_want), ("acc", acc, acc_want)):
-        if not isinstance(tensor, torch.Tensor) or tensor.shape != wanted.shape:
-            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor)
-            return f"{where}: {name} should have shape {tuple(wanted.shape)}, got {shape}"
     if rows is not None:
         m, l_sum, acc = m[rows], l_sum[rows], acc[rows]
         m_want, l_want, acc_want = m_want[rows], l_want[rows], acc_want[rows]
@@ -92,6 +97,18 @@ def _compare(where: str, got, want, rows=None) -> str | None:
     return None
 
 
+def _state_form(where: str, got, want) -> str | None:
+    """Why ``got`` is not a state shaped like ``want`` (a tuple of three tensors of its shapes
+    and dtypes), or None."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return f"{where}: return the new state as a tuple (m, l, acc), got {type(got).__name__}"
+    for name, tensor, wanted in zip(("m", "l", "acc"), got, want, strict=True):
+        problem = form_problem(tensor, wanted)
+        if problem:
+            return f"{where}: {name}: {problem}"
+    return None
+
+
 def _run(where: str, fn: Callable, *args, rows=None, want=None) -> str | None:
     try:
         got = _fold(fn, *args)
@@ -103,9 +120,12 @@ def _run(where: str, fn: Callable, *args, rows=None, want=None) -> str | None:
 def _masked(where: str, fn: Callable, scores, values, block: int, empty_row) -> str | None:
     try:
         got = _fold(fn, empty_state(scores, values), scores, values, block)
-        m, l_sum, acc = got
     except Exception as error:  # a learner's step may fail in any way; say how
         return f"{where}: the step raised {type(error).__name__}: {error}"
+    failure = _state_form(where, got, empty_state(scores, values))
+    if failure:
+        return failure
+    m, l_sum, acc = got
     if any(isinstance(t, torch.Tensor) and torch.isnan(t).any() for t in (m, l_sum, acc)):
         return (
             f"{where}: NaN in a row with no allowed key yet: there m_new = -inf and "
@@ -168,3 +188,50 @@ def check_online_step(fn: Callable) -> bool:
         if failure:
             failures.append(failure)
     return report_check("online_softmax_step", failures)
+
+
+def check_merge(fn: Callable) -> bool:
+    """Check ``fn(state_a, state_b) -> state`` (module docstring); print a verdict, return it."""
+    failures: list[str] = []
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 1, 2, 12, 16, generator=gen).unbind(0)
+    k = k * torch.linspace(0.5, 4.0, 12).view(1, 1, 12, 1)  # very different maxima per split
+    s = q @ k.transpose(-1, -2) * 16**-0.5
+    want = state_over(s, v)
+    hints = (
+        "the merged max should be max(m_a, m_b)",
+        "the merged sum is wrong: rescale l_a by exp(m_a - m), l_b by exp(m_b - m)",
+        "the merged acc is wrong: rescale like the sums",
+    )
+    for split in (1, 5, 11):
+        a = state_over(s[..., :split], v[..., :split, :])
+        b = state_over(s[..., split:], v[..., split:, :])
+        where = f"keys split at {split}"
+        got = fn(a, b)
+        failure = _state_form(where, got, want)
+        if failure:
+            failures.append(failure)
+            continue
+        for part, wanted, hint, tol in zip(
+            got,
+            want,
+            hints,
+            ({"atol": 1e-5}, {"rtol": 1e-4}, {"rtol": 1e-4, "atol": 1e-5}),
+            strict=True,
+        ):
+            problem = answer_problem(part, wanted, **tol)
+            if problem:
+                failures.append(f"{where}: {hint} ({problem})")
+                break
+        else:
+            out = got[2] / got[1].unsqueeze(-1)
+            problem = answer_problem(out, attention(q, k, v), atol=1e-5)
+            if problem:
+                failures.append(f"{where}: acc / l does not give softmax attention ({problem})")
+    return report_check("merge_softmax_states", failures)
+
+
+EXERCISES = [
+    Exercise("online_softmax_step", check_online_step, nb01b.online_softmax_step),
+    Exercise("merge_softmax_states", check_merge, nb01b.merge_softmax_states),
+]

@@ -5,8 +5,9 @@ offsets ``p_i - p_j`` (negative ones included), ``r1`` and ``r2`` of one value p
 ``variant`` ``"log"`` or ``"power"``, and compares the ``[heads, *distance.shape]`` result with
 the library's :func:`course_lib.encodings.kerple_bias`. A wrong answer gets a hint naming the
 usual mistake: the sign (a reward for distance instead of a penalty), the offset used without
-its absolute value, ``log(r2 |d|)`` without the 1, ``r1`` and ``r2`` swapped, or the heads on the
-wrong axis.
+its absolute value (NaN at the negative offsets, from the log or the power of a negative number,
+or a wrong value there), ``log(r2 |d|)`` without the 1, ``r1`` and ``r2`` swapped, or the heads on
+the wrong axis. The answer must be a tensor ``[heads, *distance.shape]`` in the dtype of ``r1``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from collections.abc import Callable
 import torch
 
 from course_lib.encodings import kerple_bias
+from course_lib.teaching.answers import Exercise, form_problem
 from course_lib.teaching.notebook import report_check
+from course_lib.teaching.solutions import nb06
 
-__all__ = ["kerple_cases", "check_kerple_bias"]
+__all__ = ["kerple_cases", "check_kerple_bias", "EXERCISES"]
 
 
 def kerple_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -49,13 +52,17 @@ def _hint(got, want, distance, r1, r2, variant) -> str:
         no_one = -r1.view(shape) * torch.log(r2.view(shape) * distance.abs().to(r1.dtype))
         if torch.allclose(got.double(), no_one.double(), atol=1e-6, equal_nan=True):
             return " (log(1 + r2 |d|): without the 1, distance 0 gives -inf)"
-    if (distance < 0).any():
-        try:
-            alt = kerple_bias(distance.clamp(min=0), r1, r2, variant)
-            if torch.allclose(got.double(), alt.double(), atol=1e-6):
-                return " (use |p_i - p_j|: negative offsets must be penalised like positive ones)"
-        except ValueError:
-            pass
+    negative = (distance < 0).expand_as(got)
+    if negative.any():
+        g, w = got.double(), want.double()
+        if torch.isnan(g[negative]).any() and not torch.isnan(g[~negative]).any():
+            return (
+                " (NaN at negative offsets: the log or power of a negative distance; use "
+                "|p_i - p_j| = distance.abs())"
+            )
+        right_elsewhere = torch.allclose(g[~negative], w[~negative], rtol=1e-5, atol=1e-6)
+        if right_elsewhere:
+            return " (use |p_i - p_j|: negative offsets must be penalised like positive ones)"
     try:
         swapped = kerple_bias(distance, r2, r1, variant)
         if torch.allclose(got.double(), swapped.double(), atol=1e-6):
@@ -73,18 +80,18 @@ def check_kerple_bias(
     for variant, distance, r1, r2 in kerple_cases():
         want = kerple_bias(distance, r1, r2, variant)
         desc = f"{variant}, {len(r1)} head(s), distance {tuple(distance.shape)}"
-        got = fn(distance, r1, r2, variant)
-        if not isinstance(got, torch.Tensor):
-            failures.append(f"{desc}: returned {type(got).__name__}, expected a tensor")
-            continue
-        if got.shape != want.shape:
-            failures.append(
-                f"{desc}: shape {tuple(got.shape)}, expected {tuple(want.shape)} "
-                "(heads first, then the distance's shape)"
-            )
+        got = fn(distance.clone(), r1.clone(), r2.clone(), variant)
+        problem = form_problem(got, want, dtype=False)
+        if problem:
+            if problem.startswith("shape"):
+                problem += "; heads first, then the distance's shape"
+            failures.append(f"{desc}: {problem}")
             continue
         if got.dtype != want.dtype:
-            failures.append(f"{desc}: dtype {got.dtype}, expected {want.dtype} (the dtype of r1)")
+            failures.append(
+                f"{desc}: dtype {got.dtype}, expected {want.dtype} (the dtype of r1: convert the "
+                "distance with .to(r1.dtype), not .float())"
+            )
             continue
         wrong = ~torch.isclose(got.double(), want.double(), rtol=1e-5, atol=1e-6)
         if wrong.any():
@@ -96,3 +103,6 @@ def check_kerple_bias(
                 + _hint(got, want, distance, r1, r2, variant)
             )
     return report_check("kerple_bias", failures)
+
+
+EXERCISES = [Exercise("kerple_bias", check_kerple_bias, nb06.kerple_bias)]
