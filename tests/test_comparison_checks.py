@@ -5,19 +5,11 @@ import math
 
 import pytest
 import torch
+from check_verdicts import refused
 
 from course_lib.compare import PRESETS
 from course_lib.teaching.comparison_checks import check_schedule, check_table_parameters
 from course_lib.teaching.solutions import nb10
-
-
-def _refused(check, fn, capsys, *expected: str) -> str:
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out
-    for text in expected:
-        assert text in out, out
-    return out
 
 
 def test_the_worked_solutions_pass(capsys):
@@ -34,7 +26,7 @@ def _table_check(fn):
 
 
 def test_one_table_for_the_whole_model_is_named(capsys):
-    out = _refused(
+    out = refused(
         _table_check,
         lambda layers, positions, hidden: positions * hidden,
         capsys,
@@ -45,7 +37,7 @@ def test_one_table_for_the_whole_model_is_named(capsys):
 
 
 def test_a_table_per_q_k_and_v_is_named(capsys):
-    _refused(
+    refused(
         _table_check,
         lambda layers, positions, hidden: 3 * layers * positions * hidden,
         capsys,
@@ -54,7 +46,7 @@ def test_a_table_per_q_k_and_v_is_named(capsys):
 
 
 def test_a_table_missing_a_dimension_is_named(capsys):
-    _refused(
+    refused(
         _table_check,
         lambda layers, positions, hidden: layers * positions,
         capsys,
@@ -72,7 +64,7 @@ def test_a_table_missing_a_dimension_is_named(capsys):
     ],
 )
 def test_a_count_that_is_not_a_number_gets_a_sentence(answer, text, capsys):
-    _refused(_table_check, lambda *args: answer, capsys, text)
+    refused(_table_check, lambda *args: answer, capsys, text)
 
 
 def test_a_count_as_an_integral_float_is_accepted(capsys):
@@ -102,7 +94,7 @@ def test_the_warm_up_off_by_one_is_named(capsys):
             return peak * step / warmup
         return nb10.warmup_cosine_lr(step, steps, peak, warmup, floor)
 
-    _refused(
+    refused(
         check_schedule,
         from_zero,
         capsys,
@@ -114,7 +106,7 @@ def test_a_cosine_down_to_zero_is_named(capsys):
     def to_zero(step, steps, peak, warmup, floor):
         return nb10.warmup_cosine_lr(step, steps, peak, warmup, 0.0)
 
-    out = _refused(check_schedule, to_zero, capsys, "not at 0")
+    out = refused(check_schedule, to_zero, capsys, "not at 0")
     assert "steps=50" not in out  # its floor is 0: that schedule is right
 
 
@@ -124,7 +116,7 @@ def test_t_divided_by_s_minus_w_is_named_not_taken_for_rounding(capsys):
             return peak * (step + 1) / warmup
         return _cosine(peak, floor, (step - warmup) / (steps - warmup))
 
-    out = _refused(check_schedule, never_one, capsys, "divide by S - 1 - W")
+    out = refused(check_schedule, never_one, capsys, "divide by S - 1 - W")
     assert "float32" not in out
 
 
@@ -134,14 +126,14 @@ def test_t_not_starting_after_the_warm_up_is_named(capsys):
             return peak * (step + 1) / warmup
         return _cosine(peak, floor, step / (steps - 1))
 
-    _refused(check_schedule, unshifted, capsys, "t = (s - W) / (S - 1 - W)")
+    refused(check_schedule, unshifted, capsys, "t = (s - W) / (S - 1 - W)")
 
 
 def test_float32_rounding_is_named(capsys):
     def float32(*args):
         return float(torch.tensor(nb10.warmup_cosine_lr(*args), dtype=torch.float32))
 
-    _refused(check_schedule, float32, capsys, "float32 rounding? compute in Python floats")
+    refused(check_schedule, float32, capsys, "float32 rounding? compute in Python floats")
 
 
 def test_a_one_number_tensor_is_read_as_its_number(capsys):
@@ -152,5 +144,5 @@ def test_a_one_number_tensor_is_read_as_its_number(capsys):
 
 
 def test_a_rate_that_is_not_a_number_gets_a_sentence(capsys):
-    _refused(check_schedule, lambda *args: None, capsys, "step 0: your function returned None")
-    _refused(check_schedule, lambda *args: [0.1], capsys, "returned a list")
+    refused(check_schedule, lambda *args: None, capsys, "step 0: your function returned None")
+    refused(check_schedule, lambda *args: [0.1], capsys, "returned a list")

@@ -3,6 +3,7 @@ pass, and each wrong answer a learner is likely to write is refused with its hin
 
 import pytest
 import torch
+from check_verdicts import refused
 
 from course_lib.teaching.content_checks import (
     check_counts,
@@ -12,15 +13,6 @@ from course_lib.teaching.content_checks import (
     reference_fox_bias,
 )
 from course_lib.teaching.solutions import nb08
-
-
-def _refused(check, fn, capsys, *expected: str) -> str:
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out
-    for text in expected:
-        assert text in out, out
-    return out
 
 
 def test_the_worked_solutions_pass(capsys):
@@ -47,7 +39,7 @@ def _differences(log_f):
 
 def test_fox_a_float32_answer_to_float64_gates_gets_a_sentence(capsys):
     # used to raise RuntimeError in torch.allclose
-    _refused(
+    refused(
         check_fox_bias,
         lambda log_f: nb08.fox_bias_matrix(log_f).float(),
         capsys,
@@ -56,7 +48,7 @@ def test_fox_a_float32_answer_to_float64_gates_gets_a_sentence(capsys):
 
 
 def test_fox_a_hard_coded_float64_is_refused_on_float32_gates(capsys):
-    _refused(
+    refused(
         check_fox_bias,
         lambda log_f: nb08.fox_bias_matrix(log_f.double()),
         capsys,
@@ -65,7 +57,7 @@ def test_fox_a_hard_coded_float64_is_refused_on_float32_gates(capsys):
 
 
 def test_fox_the_unmasked_and_the_transposed_matrix_are_named(capsys):
-    _refused(
+    refused(
         check_fox_bias,
         _differences,
         capsys,
@@ -73,11 +65,11 @@ def test_fox_the_unmasked_and_the_transposed_matrix_are_named(capsys):
         "at [0, 1]",
         "mask the upper triangle with torch.tril",
     )
-    _refused(check_fox_bias, lambda log_f: nb08.fox_bias_matrix(log_f).T, capsys, "transposed")
+    refused(check_fox_bias, lambda log_f: nb08.fox_bias_matrix(log_f).T, capsys, "transposed")
 
 
 def test_fox_the_sign_is_named(capsys):
-    _refused(
+    refused(
         check_fox_bias, lambda log_f: -_differences(log_f).tril(), capsys, "the sign", "at [1, 0]"
     )
 
@@ -86,7 +78,7 @@ def test_fox_the_sum_from_key_j_is_named_with_numbers(capsys):
     def from_j(log_f):
         return (_differences(log_f) + log_f[None, :]).tril()
 
-    out = _refused(check_fox_bias, from_j, capsys, "the sum starts after key j: l = j+1 .. i")
+    out = refused(check_fox_bias, from_j, capsys, "the sum starts after key j: l = j+1 .. i")
     assert "n=5 (float64 gates): wrong values: 15 of 25 entries differ; at [0, 0]" in out
 
 
@@ -95,7 +87,7 @@ def test_fox_the_sum_without_log_f_i_is_named(capsys):
         c = log_f.cumsum(0) - log_f
         return (c[:, None] - c[None, :]).tril()
 
-    _refused(check_fox_bias, up_to_i_minus_1, capsys, "include log f_i, leave out log f_j")
+    refused(check_fox_bias, up_to_i_minus_1, capsys, "include log f_i, leave out log f_j")
 
 
 # --- CoPE's counts -------------------------------------------------------------------------------
@@ -106,21 +98,21 @@ def _reversed_sum(s):
 
 
 def test_counts_not_clamped_or_clamped_at_npos_are_named(capsys):
-    _refused(
+    refused(
         check_counts,
         lambda s, npos: _reversed_sum(s),
         capsys,
         "n=9, npos=3: wrong counts:",
         "expected 2 (clamp the counts at npos - 1)",
     )
-    _refused(check_counts, lambda s, npos: _reversed_sum(s).clamp(max=npos), capsys, "not at npos")
+    refused(check_counts, lambda s, npos: _reversed_sum(s).clamp(max=npos), capsys, "not at npos")
 
 
 def test_counts_without_key_j_are_named(capsys):
     def without_j(s, npos):
         return (_reversed_sum(s) - torch.sigmoid(s)).clamp(max=npos - 1)
 
-    _refused(check_counts, without_j, capsys, "key j counts itself: include l = j")
+    refused(check_counts, without_j, capsys, "key j counts itself: include l = j")
 
 
 @pytest.mark.parametrize("clamp", [True, False])
@@ -129,12 +121,12 @@ def test_counts_a_forward_cumsum_is_named(clamp, capsys):
         counts = torch.sigmoid(s).cumsum(0)
         return counts.clamp(max=npos - 1) if clamp else counts
 
-    _refused(check_counts, forward, capsys, "a forward cumsum", "at [0]: got 0.789631")
+    refused(check_counts, forward, capsys, "a forward cumsum", "at [0]: got 0.789631")
 
 
 def test_counts_a_list_or_none_gets_a_sentence(capsys):
-    _refused(check_counts, lambda s, npos: nb08.cope_counts(s, npos).tolist(), capsys, "a list")
-    _refused(check_counts, lambda s, npos: None, capsys, "returned None")
+    refused(check_counts, lambda s, npos: nb08.cope_counts(s, npos).tolist(), capsys, "a list")
+    refused(check_counts, lambda s, npos: None, capsys, "returned None")
 
 
 # --- CoPE's bias ---------------------------------------------------------------------------------
@@ -147,7 +139,7 @@ def test_row_bias_floor_plus_one_is_explained_not_raised(capsys):
         w = positions - lower
         return z[lower.long()] * (1 - w) + z[lower.long() + 1] * w
 
-    out = _refused(
+    out = refused(
         check_row_bias,
         floor_plus_one,
         capsys,
@@ -171,18 +163,18 @@ def test_row_bias_swapped_weights_rounding_and_the_floor_alone_are_named(capsys)
         w = positions - positions.floor()
         return z[positions.floor().long()] * w + z[positions.ceil().long()] * (1 - w)
 
-    _refused(check_row_bias, swapped, capsys, "the weights are swapped", "7 of 7 entries differ")
-    _refused(
+    refused(check_row_bias, swapped, capsys, "the weights are swapped", "7 of 7 entries differ")
+    refused(
         check_row_bias,
         lambda q, t, p: (t @ q)[p.round().long()],
         capsys,
         "p rounded to the nearest",
     )
-    _refused(check_row_bias, lambda q, t, p: (t @ q)[p.floor().long()], capsys, "z[floor p] alone")
+    refused(check_row_bias, lambda q, t, p: (t @ q)[p.floor().long()], capsys, "z[floor p] alone")
 
 
 def test_row_bias_float32_gets_a_sentence(capsys):
-    _refused(
+    refused(
         check_row_bias,
         lambda q, t, p: nb08.cope_row_bias(q, t, p).float(),
         capsys,

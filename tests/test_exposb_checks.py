@@ -4,6 +4,7 @@ to write are refused with the hint that names their mistake."""
 import math
 
 import torch
+from check_verdicts import refused
 
 from course_lib.encodings import exposb_distance_bias
 from course_lib.teaching.exposb_checks import (
@@ -12,14 +13,6 @@ from course_lib.teaching.exposb_checks import (
     shift_changes,
 )
 from course_lib.teaching.solutions import nb04
-
-
-def _refused(check, fn, capsys, *texts):
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out, out
-    for text in texts:
-        assert text in out, out
 
 
 def _pairs(gain, style):
@@ -43,7 +36,7 @@ def test_the_shift_test_tells_the_band_gain_from_the_pairwise_one():
 
 
 def test_the_gain_unchanged_is_refused_with_the_first_pair(capsys):
-    _refused(
+    refused(
         check_pairwise_gain,
         lambda g, style: g,
         capsys,
@@ -57,7 +50,7 @@ def test_the_interleaved_pairs_in_the_half_layout_are_named(capsys):
     def always_interleaved(gain, style):
         return nb04.pairwise_gain(gain, "interleaved")
 
-    _refused(
+    refused(
         check_pairwise_gain,
         always_interleaved,
         capsys,
@@ -73,7 +66,7 @@ def test_one_channels_gain_copied_to_both_is_named(capsys):
         out[second] = gain[first]
         return out
 
-    _refused(
+    refused(
         check_pairwise_gain,
         copy_first,
         capsys,
@@ -90,7 +83,7 @@ def test_the_geometric_mean_is_named(capsys):
         out[first] = out[second] = (gain[first] * gain[second]).sqrt()
         return out
 
-    _refused(check_pairwise_gain, geometric, capsys, "the geometric mean")
+    refused(check_pairwise_gain, geometric, capsys, "the geometric mean")
 
 
 def test_an_in_place_update_that_reads_a_changed_gain_is_refused(capsys):
@@ -100,21 +93,21 @@ def test_an_in_place_update_that_reads_a_changed_gain_is_refused(capsys):
         gain[second] = (gain[first] + gain[second]) / 2  # reads the new gain[first]
         return gain
 
-    _refused(check_pairwise_gain, in_place, capsys, "the two channels of a pair still differ")
+    refused(check_pairwise_gain, in_place, capsys, "the two channels of a pair still differ")
 
 
 def test_a_gain_of_another_dtype_or_a_list_is_refused_without_an_exception(capsys):
-    _refused(
+    refused(
         check_pairwise_gain,
         lambda g, s: nb04.pairwise_gain(g, s).double(),
         capsys,
         "dtype torch.float64, expected torch.float32",
     )
-    _refused(check_pairwise_gain, lambda g, s: nb04.pairwise_gain(g, s).tolist(), capsys, "a list")
+    refused(check_pairwise_gain, lambda g, s: nb04.pairwise_gain(g, s).tolist(), capsys, "a list")
 
 
 def test_f_instead_of_log_f_is_named(capsys):
-    _refused(
+    refused(
         check_distance_logit_bias,
         lambda q, k: nb04.distance_logit_bias(q, k).exp(),
         capsys,
@@ -127,20 +120,20 @@ def test_the_signed_offset_is_named(capsys):
     def signed(q, k):
         return torch.log(0.7 + 0.3 * torch.exp(-0.005 * (q[:, None] - k[None, :]).float()))
 
-    _refused(check_distance_logit_bias, signed, capsys, "use |m - n|")
+    refused(check_distance_logit_bias, signed, capsys, "use |m - n|")
 
 
 def test_log2_is_named(capsys):
     def base_two(q, k):
         return nb04.distance_logit_bias(q, k) / math.log(2)
 
-    _refused(check_distance_logit_bias, base_two, capsys, "log2 f")
+    refused(check_distance_logit_bias, base_two, capsys, "log2 f")
 
 
 def test_a_float64_bias_is_accepted_and_a_transposed_one_refused(capsys):
     assert check_distance_logit_bias(lambda q, k: exposb_distance_bias(q, k).double())
     capsys.readouterr()
-    _refused(
+    refused(
         check_distance_logit_bias,
         lambda q, k: nb04.distance_logit_bias(k, q),
         capsys,
@@ -150,4 +143,4 @@ def test_a_float64_bias_is_accepted_and_a_transposed_one_refused(capsys):
 
 
 def test_a_missing_return_is_refused(capsys):
-    _refused(check_distance_logit_bias, lambda q, k: None, capsys, "returned None")
+    refused(check_distance_logit_bias, lambda q, k: None, capsys, "returned None")

@@ -4,6 +4,7 @@ that is right one token at a time and wrong for several)."""
 
 import pytest
 import torch
+from check_verdicts import refused
 
 from course_lib.encodings import apply_rope
 from course_lib.teaching.rope_checks import (
@@ -13,12 +14,6 @@ from course_lib.teaching.rope_checks import (
     decode_example,
 )
 from course_lib.teaching.solutions import nb03
-
-
-def _refused(check, fn, hint, capsys):
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out and hint in out, out
 
 
 def test_the_worked_solutions_pass(capsys):
@@ -49,7 +44,7 @@ def _second_sign_wrong(x, y, a):
     ],
 )
 def test_a_wrong_rotate_pair_gets_its_hint(fn, hint, capsys):
-    _refused(check_rotate_pair, fn, hint, capsys)
+    refused(check_rotate_pair, fn, capsys, hint)
 
 
 def test_an_angle_per_column_is_checked(capsys):
@@ -57,7 +52,7 @@ def test_an_angle_per_column_is_checked(capsys):
     def first_angle_only(x, y, a):
         return nb03.rotate_pair(x, y, a.flatten()[0])
 
-    _refused(check_rotate_pair, first_angle_only, "a [3, 5] pair, one angle per column", capsys)
+    refused(check_rotate_pair, first_angle_only, capsys, "a [3, 5] pair, one angle per column")
 
 
 def _slow_frequencies(x, pos, base):
@@ -88,7 +83,7 @@ def _second_half_unrotated(x, pos, base):
     ],
 )
 def test_a_wrong_rope_half_gets_its_hint(fn, hint, capsys):
-    _refused(check_rope_half, fn, hint, capsys)
+    refused(check_rope_half, fn, capsys, hint)
 
 
 def _step(positions_of):
@@ -100,33 +95,33 @@ def _step(positions_of):
 
 
 def test_positions_from_zero_are_told_to_continue_after_the_cache(capsys):
-    _refused(
+    refused(
         lambda fn: check_decode_step(fn, *decode_example()),
         _step(lambda past, new: torch.arange(new)),
+        capsys,
         "step feeding token 5: its logits differ from the full pass (token 5 sits at position 5); "
         "they are those of position 0: the new tokens must continue after the 5 tokens the cache "
         "holds (cache[0].length)",
-        capsys,
     )
 
 
 def test_a_step_right_for_one_token_only_is_caught_by_the_chunks(capsys):
     one_position = _step(lambda past, new: torch.full((new,), past))
-    _refused(
+    refused(
         lambda fn: check_decode_step(fn, *decode_example()),
         one_position,
-        "step feeding tokens 9..10 at once",
         capsys,
+        "step feeding tokens 9..10 at once",
     )
 
 
 def test_a_step_that_fails_on_several_tokens_is_told_how(capsys):
     past_only = _step(lambda past, new: torch.tensor([past]))
-    _refused(
+    refused(
         lambda fn: check_decode_step(fn, *decode_example()),
         past_only,
-        "step feeding tokens 9..10 at once: the step raised ValueError",
         capsys,
+        "step feeding tokens 9..10 at once: the step raised ValueError",
     )
 
 
@@ -136,11 +131,11 @@ def test_all_the_logits_instead_of_the_last_are_refused(capsys):
         positions = torch.arange(past, past + token_ids.shape[1])
         return model(token_ids, cache=cache, position_ids=positions).logits
 
-    _refused(
+    refused(
         lambda fn: check_decode_step(fn, *decode_example()),
         every_logit,
-        "shape (1, 1, 40), expected (1, 40)",
         capsys,
+        "shape (1, 1, 40), expected (1, 40)",
     )
 
 

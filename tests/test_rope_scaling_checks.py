@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from check_verdicts import refused
 
 from course_lib.encodings import rope_inverse_frequencies
 from course_lib.teaching.rope_scaling_checks import (
@@ -15,15 +16,6 @@ from course_lib.teaching.rope_scaling_checks import (
     yarn_share,
 )
 from course_lib.teaching.solutions import nb07
-
-
-def _refused(check, fn, capsys, *expected: str) -> str:
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out
-    for text in expected:
-        assert text in out, out
-    return out
 
 
 def test_the_worked_solutions_pass(capsys):
@@ -40,33 +32,33 @@ def test_ntk_plain_frequencies_are_named(capsys):
     def plain(head_dim, base, factor):
         return rope_inverse_frequencies(head_dim, base)
 
-    _refused(check_ntk, plain, capsys, "these are the plain frequencies; change the base")
+    refused(check_ntk, plain, capsys, "these are the plain frequencies; change the base")
 
 
 def test_ntk_position_interpolation_is_named(capsys):
     def interpolated(head_dim, base, factor):
         return rope_inverse_frequencies(head_dim, base) / factor
 
-    _refused(check_ntk, interpolated, capsys, "position interpolation", "got 0.125, expected 1")
+    refused(check_ntk, interpolated, capsys, "position interpolation", "got 0.125, expected 1")
 
 
 def test_ntk_base_times_s_without_the_exponent_is_named(capsys):
     def no_exponent(head_dim, base, factor):
         return rope_inverse_frequencies(head_dim, base * factor)
 
-    _refused(check_ntk, no_exponent, capsys, "raise s to D/(D-2)", "entries differ; at [1]")
+    refused(check_ntk, no_exponent, capsys, "raise s to D/(D-2)", "entries differ; at [1]")
 
 
 def test_ntk_float64_and_a_list_are_refused_with_a_sentence(capsys):
     def float64(head_dim, base, factor):
         return nb07.ntk_inverse_frequencies(head_dim, base, factor).double()
 
-    _refused(check_ntk, float64, capsys, "expected torch.float32", ".float()")
+    refused(check_ntk, float64, capsys, "expected torch.float32", ".float()")
 
     def as_list(head_dim, base, factor):  # used to crash on got.shape
         return nb07.ntk_inverse_frequencies(head_dim, base, factor).tolist()
 
-    _refused(check_ntk, as_list, capsys, "a list, not a tensor")
+    refused(check_ntk, as_list, capsys, "a list, not a tensor")
 
 
 # --- YaRN ----------------------------------------------------------------------------------------
@@ -103,7 +95,7 @@ def _ramp(head_dim, base, train_len, fast, slow, *, clamp_ends=True, clamp_share
 
 
 def test_yarn_an_unclamped_share_is_named(capsys):
-    out = _refused(
+    out = refused(
         check_yarn_share,
         lambda *a: _ramp(*a, clamp_share=False),
         capsys,
@@ -114,19 +106,19 @@ def test_yarn_an_unclamped_share_is_named(capsys):
 
 
 def test_yarn_a_reversed_ramp_is_named(capsys):
-    _refused(check_yarn_share, lambda *a: 1 - _ramp(*a), capsys, "the ramp is reversed")
-    _refused(check_yarn_share, lambda *a: _ramp(*a).flip(0), capsys, "the ramp is reversed")
+    refused(check_yarn_share, lambda *a: 1 - _ramp(*a), capsys, "the ramp is reversed")
+    refused(check_yarn_share, lambda *a: _ramp(*a).flip(0), capsys, "the ramp is reversed")
 
 
 def test_yarn_ends_not_clamped_or_not_rounded_are_named(capsys):
-    _refused(
+    refused(
         check_yarn_share,
         lambda *a: _ramp(*a, clamp_ends=False),
         capsys,
         "clamp low and high to [0, D-1] = [0, 15]",
         "here they are -1 and 3 unclamped",
     )
-    _refused(
+    refused(
         check_yarn_share,
         lambda *a: yarn_share(*a, truncate=False),
         capsys,
@@ -143,7 +135,7 @@ def test_yarn_the_missing_step_offset_is_named(capsys):
         t = torch.arange(head_dim // 2, dtype=torch.float64)
         return ((t - low) / (high - low)).clamp(0, 1)  # 0 / 0 where low == high
 
-    _refused(check_yarn_share, no_offset, capsys, "low == high == 0: add 0.001 to high")
+    refused(check_yarn_share, no_offset, capsys, "low == high == 0: add 0.001 to high")
 
 
 def test_yarn_wrong_pairs_in_a_clamped_region_are_named(capsys):
@@ -151,13 +143,13 @@ def test_yarn_wrong_pairs_in_a_clamped_region_are_named(capsys):
         share = _ramp(*args)
         return torch.where(share == 1, torch.full_like(share, 0.9), share)
 
-    _refused(check_yarn_share, slowest_short_of_one, capsys, "their share is exactly 1")
+    refused(check_yarn_share, slowest_short_of_one, capsys, "their share is exactly 1")
 
     def fastest_above_zero(*args):
         share = _ramp(*args)
         return torch.where(share == 0, torch.full_like(share, 0.05), share)
 
-    _refused(check_yarn_share, fastest_above_zero, capsys, "their share is exactly 0")
+    refused(check_yarn_share, fastest_above_zero, capsys, "their share is exactly 0")
 
 
 # --- dynamic NTK ---------------------------------------------------------------------------------
@@ -167,7 +159,7 @@ def test_dynamic_without_max_is_named_both_ways(capsys):
     def no_max(base, head_dim, factor, seq_len, train_len):
         return base * (factor * seq_len / train_len - (factor - 1)) ** (head_dim / (head_dim - 2))
 
-    _refused(
+    refused(
         check_dynamic_base,
         no_max,
         capsys,
@@ -181,13 +173,13 @@ def test_dynamic_static_and_plain_bases_and_no_exponent_are_named(capsys):
     def static(base, head_dim, factor, seq_len, train_len):
         return base * factor ** (head_dim / (head_dim - 2))
 
-    _refused(check_dynamic_base, static, capsys, "the static NTK base", "the plain base")
+    refused(check_dynamic_base, static, capsys, "the static NTK base", "the plain base")
 
     def no_exponent(base, head_dim, factor, seq_len, train_len):
         n = max(seq_len, train_len)
         return base * (factor * n / train_len - (factor - 1))
 
-    _refused(check_dynamic_base, no_exponent, capsys, "to the power D/(D-2)")
+    refused(check_dynamic_base, no_exponent, capsys, "to the power D/(D-2)")
 
 
 @pytest.mark.parametrize(
@@ -201,4 +193,4 @@ def test_dynamic_static_and_plain_bases_and_no_exponent_are_named(capsys):
     ],
 )
 def test_dynamic_answers_that_are_not_a_base_get_a_sentence(answer, text, capsys):
-    _refused(check_dynamic_base, lambda *args: answer, capsys, text)
+    refused(check_dynamic_base, lambda *args: answer, capsys, text)

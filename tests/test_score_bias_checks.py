@@ -5,6 +5,7 @@ with the hint that names their mistake."""
 import math
 
 import torch
+from check_verdicts import refused
 
 from course_lib.teaching.kerple_checks import check_kerple_bias
 from course_lib.teaching.score_bias_checks import (
@@ -14,14 +15,6 @@ from course_lib.teaching.score_bias_checks import (
     exponents,
 )
 from course_lib.teaching.solutions import nb06
-
-
-def _refused(check, fn, capsys, *texts):
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out, out
-    for text in texts:
-        assert text in out, out
 
 
 def test_the_worked_solutions_pass(capsys):
@@ -37,7 +30,7 @@ def test_exponents_reads_the_slopes_as_powers_of_two():
 
 
 def test_sorted_slopes_are_named(capsys):
-    _refused(
+    refused(
         check_slopes,
         lambda h: nb06.alibi_slopes(h).sort(descending=True).values,
         capsys,
@@ -49,21 +42,21 @@ def test_the_naive_geometric_sequence_shows_its_exponents(capsys):
     def naive(heads):
         return torch.tensor([2.0 ** (-8 * h / heads) for h in range(1, heads + 1)])
 
-    _refused(check_slopes, naive, capsys, "3 heads: got log2 [-2.667, -5.333, -8.0], expected")
+    refused(check_slopes, naive, capsys, "3 heads: got log2 [-2.667, -5.333, -8.0], expected")
 
 
 def test_slopes_not_in_float32_or_not_a_tensor_are_refused(capsys):
-    _refused(
+    refused(
         check_slopes,
         lambda h: nb06.alibi_slopes(h).double(),
         capsys,
         "dtype torch.float64, expected torch.float32",
     )
-    _refused(check_slopes, lambda h: nb06.alibi_slopes(h).tolist(), capsys, "a list, not a tensor")
+    refused(check_slopes, lambda h: nb06.alibi_slopes(h).tolist(), capsys, "a list, not a tensor")
 
 
 def test_the_buckets_sign_is_named(capsys):
-    _refused(
+    refused(
         check_buckets,
         lambda r, *a: nb06.relative_bucket(-r, *a),
         capsys,
@@ -83,7 +76,7 @@ def test_buckets_past_max_distance_not_held_in_the_last_one_are_named(capsys):
         far = exact + (torch.log(ratio) / math.log(max_distance / exact) * (per - exact)).long()
         return offset + torch.where(distance < exact, distance, far)
 
-    _refused(check_buckets, unclamped, capsys, "stay in the last bucket")
+    refused(check_buckets, unclamped, capsys, "stay in the last bucket")
 
 
 def test_a_unidirectional_bucket_of_the_absolute_distance_is_named(capsys):
@@ -92,11 +85,11 @@ def test_a_unidirectional_bucket_of_the_absolute_distance_is_named(capsys):
             return nb06.relative_bucket(r, True, num_buckets, max_distance)
         return nb06.relative_bucket(-r.abs(), False, num_buckets, max_distance)
 
-    _refused(check_buckets, absolute, capsys, "bidirectional=False", "all go to bucket 0")
+    refused(check_buckets, absolute, capsys, "bidirectional=False", "all go to bucket 0")
 
 
 def test_buckets_as_floats_are_refused_without_an_exception(capsys):
-    _refused(
+    refused(
         check_buckets,
         lambda *a: nb06.relative_bucket(*a).float(),
         capsys,
@@ -106,7 +99,7 @@ def test_buckets_as_floats_are_refused_without_an_exception(capsys):
 
 
 def test_a_half_distance_one_too_large_is_named(capsys):
-    _refused(
+    refused(
         check_half,
         lambda m, n: nb06.half_attention_distance(m, n) + 1,
         capsys,
@@ -116,7 +109,7 @@ def test_a_half_distance_one_too_large_is_named(capsys):
 
 
 def test_a_half_distance_one_too_small_is_named(capsys):
-    _refused(
+    refused(
         check_half,
         lambda m, n: max(nb06.half_attention_distance(m, n) - 1, 0),
         capsys,
@@ -128,14 +121,14 @@ def test_the_unbounded_half_distance_is_named(capsys):
     def unbounded(m, n):
         return math.ceil(math.log(2) / m) - 1 if m > 0 else (n - 1) // 2
 
-    _refused(check_half, unbounded, capsys, "slope 0.001", "the unbounded context's answer")
+    refused(check_half, unbounded, capsys, "slope 0.001", "the unbounded context's answer")
 
 
 def test_a_half_distance_as_a_tensor_is_accepted_and_none_refused(capsys):
     assert check_half(lambda m, n: torch.tensor(nb06.half_attention_distance(m, n)))
     capsys.readouterr()
-    _refused(check_half, lambda m, n: None, capsys, "returned None")
-    _refused(check_half, lambda m, n: torch.zeros(2), capsys, "expected one number")
+    refused(check_half, lambda m, n: None, capsys, "returned None")
+    refused(check_half, lambda m, n: torch.zeros(2), capsys, "expected one number")
 
 
 def test_kerple_nan_at_negative_offsets_is_named(capsys):
@@ -145,7 +138,7 @@ def test_kerple_nan_at_negative_offsets_is_named(capsys):
         r1, r2 = r1.view(shape), r2.view(shape)
         return -r1 * torch.log1p(r2 * d) if variant == "log" else -r1 * d**r2
 
-    _refused(check_kerple_bias, signed, capsys, "NaN at negative offsets", "distance.abs()")
+    refused(check_kerple_bias, signed, capsys, "NaN at negative offsets", "distance.abs()")
 
 
 def test_kerple_without_the_one_is_named(capsys):
@@ -155,10 +148,10 @@ def test_kerple_without_the_one_is_named(capsys):
         shape = (-1, *([1] * distance.dim()))
         return -r1.view(shape) * torch.log(r2.view(shape) * distance.abs().to(r1.dtype))
 
-    _refused(check_kerple_bias, no_one, capsys, "log(1 + r2 |d|)")
+    refused(check_kerple_bias, no_one, capsys, "log(1 + r2 |d|)")
 
 
 def test_kerple_as_a_list_is_refused_without_an_exception(capsys):
-    _refused(
+    refused(
         check_kerple_bias, lambda *a: nb06.kerple_bias(*a).tolist(), capsys, "a list, not a tensor"
     )

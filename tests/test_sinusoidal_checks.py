@@ -5,16 +5,11 @@ import math
 
 import pytest
 import torch
+from check_verdicts import refused
 
 from course_lib.encodings import sinusoidal_table
 from course_lib.teaching.sinusoidal_checks import check_rotation, check_table
 from course_lib.teaching.solutions import nb01
-
-
-def _refused(check, fn, hint, capsys):
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out and hint in out, out
 
 
 def test_the_worked_solutions_pass_in_either_dtype(capsys):
@@ -52,7 +47,7 @@ def _frequencies_without_the_two(n, d, base):
     ],
 )
 def test_a_wrong_table_gets_its_hint(fn, hint, capsys):
-    _refused(check_table, fn, hint, capsys)
+    refused(check_table, fn, capsys, hint)
 
 
 def test_a_wrong_column_is_told_where_it_differs(capsys):
@@ -79,7 +74,7 @@ def _textbook(shift, omega):
     ],
 )
 def test_a_wrong_rotation_gets_its_hint(fn, hint, capsys):
-    _refused(check_rotation, fn, hint, capsys)
+    refused(check_rotation, fn, capsys, hint)
 
 
 def test_a_wrong_rotation_is_told_what_it_does_to_the_pair(capsys):

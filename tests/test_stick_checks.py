@@ -3,25 +3,18 @@ answers a learner is likely to write are refused with the hint that names their 
 
 import torch
 import torch.nn.functional as F
+from check_verdicts import refused
 
 from course_lib.teaching.solutions import nb05
 from course_lib.teaching.stick_checks import check_bidirectional, check_stick_row
 
 
-def _refused(check, fn, capsys, *texts):
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out, out
-    for text in texts:
-        assert text in out, out
-
-
 def _loop(fn, capsys, *texts):
-    _refused(lambda f: check_stick_row("stick_loop", f), fn, capsys, *texts)
+    refused(lambda f: check_stick_row("stick_loop", f), fn, capsys, *texts)
 
 
 def _log(fn, capsys, *texts):
-    _refused(lambda f: check_stick_row("log_space_stick", f, extreme=True), fn, capsys, *texts)
+    refused(lambda f: check_stick_row("log_space_stick", f, extreme=True), fn, capsys, *texts)
 
 
 def test_the_worked_solutions_pass(capsys):
@@ -86,7 +79,7 @@ def test_a_bidirectional_side_without_the_half_is_named(capsys):
     def whole(z, i):
         return 2 * nb05.bidirectional_row(z, i)
 
-    _refused(
+    refused(
         check_bidirectional,
         whole,
         capsys,
@@ -101,7 +94,7 @@ def test_a_right_side_broken_from_the_far_end_is_named(capsys):
         out[i + 1 :] = 0.5 * nb05.stick_loop(z[i + 1 :])
         return out
 
-    _refused(
+    refused(
         check_bidirectional,
         far_right,
         capsys,
@@ -117,13 +110,11 @@ def test_weight_on_the_query_itself_is_refused(capsys):
         out[i + 1 :] = 0.5 * nb05.stick_loop(z[i + 1 :].flip(0)).flip(0)
         return out
 
-    _refused(
-        check_bidirectional, includes_i, capsys, "weight on the query's own position must be 0"
-    )
+    refused(check_bidirectional, includes_i, capsys, "weight on the query's own position must be 0")
 
 
 def test_a_float32_bidirectional_row_is_refused_without_an_exception(capsys):
-    _refused(
+    refused(
         check_bidirectional,
         lambda z, i: nb05.bidirectional_row(z, i).float(),
         capsys,

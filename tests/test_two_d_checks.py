@@ -3,6 +3,7 @@ solutions pass, and each wrong answer a learner is likely to write is refused wi
 
 import pytest
 import torch
+from check_verdicts import refused
 
 from course_lib.encodings import apply_rope, comrope_generators, skew_part
 from course_lib.teaching.solutions import nb09
@@ -13,15 +14,6 @@ from course_lib.teaching.two_d_checks import (
     rope_2d_mistakes,
 )
 from course_lib.vision import grid_coords
-
-
-def _refused(check, fn, capsys, *expected: str) -> str:
-    assert not check(fn)
-    out = capsys.readouterr().out
-    assert "✗" in out
-    for text in expected:
-        assert text in out, out
-    return out
 
 
 def test_the_worked_solutions_pass(capsys):
@@ -67,7 +59,7 @@ MISTAKES = {
 
 @pytest.mark.parametrize("hint", list(MISTAKES))
 def test_each_usual_2d_mistake_gets_its_own_sentence(hint, capsys):
-    out = _refused(check_rope_2d_from_1d, MISTAKES[hint], capsys, hint)
+    out = refused(check_rope_2d_from_1d, MISTAKES[hint], capsys, hint)
     assert out.count(hint) == 3  # one line per input shape
     others = [h for h in MISTAKES if h != hint]
     assert not any(h in out for h in others)
@@ -86,7 +78,7 @@ def test_a_half_not_rotated_is_named_with_numbers(capsys):
         half = x.shape[-1] // 2
         return torch.cat((apply_rope(x[..., :half], c[:, 0], base=100.0), x[..., half:]), -1)
 
-    _refused(
+    refused(
         check_rope_2d_from_1d,
         rows_only,
         capsys,
@@ -95,39 +87,39 @@ def test_a_half_not_rotated_is_named_with_numbers(capsys):
 
 
 def test_2d_wrong_forms_get_a_sentence(capsys):
-    _refused(
+    refused(
         check_rope_2d_from_1d,
         lambda x, c: nb09.rope_2d_from_1d(x, c).double(),
         capsys,
         "dtype torch.float64, expected torch.float32",
     )
-    _refused(
+    refused(
         check_rope_2d_from_1d,
         lambda x, c: nb09.rope_2d_from_1d(x, c).mT,
         capsys,
         "input (12, 8): shape (8, 12), expected (12, 8) (transposed?)",
     )
-    _refused(check_rope_2d_from_1d, lambda x, c: None, capsys, "returned None")
+    refused(check_rope_2d_from_1d, lambda x, c: None, capsys, "returned None")
 
 
 # --- the commuting partner -----------------------------------------------------------------------
 
 
 def test_a_symmetric_partner_gets_a_hint(capsys):
-    _refused(
+    refused(
         check_commuting_partner,
         lambda a: a @ a,
         capsys,
         "B is not skew-symmetric (B^T != -B): max |B^T + B| =",
         "B is symmetric",
     )
-    _refused(check_commuting_partner, lambda a: a.T @ a, capsys, "B is symmetric")
+    refused(check_commuting_partner, lambda a: a.T @ a, capsys, "B is symmetric")
 
 
 def test_a_multiple_of_a_and_zero_are_refused(capsys):
-    _refused(check_commuting_partner, lambda a: -2.5 * a, capsys, "B = -2.5 A")
-    _refused(check_commuting_partner, lambda a: a.T, capsys, "B = -1 A")
-    _refused(check_commuting_partner, torch.zeros_like, capsys, "B = 0 commutes with A but")
+    refused(check_commuting_partner, lambda a: -2.5 * a, capsys, "B = -2.5 A")
+    refused(check_commuting_partner, lambda a: a.T, capsys, "B = -1 A")
+    refused(check_commuting_partner, torch.zeros_like, capsys, "B = 0 commutes with A but")
 
 
 def test_a_partner_that_does_not_commute_is_refused_with_the_commutator(capsys):
@@ -136,17 +128,17 @@ def test_a_partner_that_does_not_commute_is_refused_with_the_commutator(capsys):
             torch.randn(4, 4, generator=torch.Generator().manual_seed(99), dtype=a.dtype)
         )
 
-    _refused(
+    refused(
         check_commuting_partner, random_skew, capsys, "B does not commute with A: max |AB - BA| ="
     )
 
 
 def test_partner_wrong_forms_get_a_sentence(capsys):
-    _refused(
+    refused(
         check_commuting_partner,
         lambda a: (a @ a @ a).float(),
         capsys,
         "B: dtype torch.float32, expected torch.float64",
     )
-    _refused(check_commuting_partner, lambda a: (a @ a @ a)[:3], capsys, "shape (3, 4)")
-    _refused(check_commuting_partner, lambda a: None, capsys, "returned None")
+    refused(check_commuting_partner, lambda a: (a @ a @ a)[:3], capsys, "shape (3, 4)")
+    refused(check_commuting_partner, lambda a: None, capsys, "returned None")
