@@ -58,9 +58,9 @@ def test_a_table_missing_a_dimension_is_named(capsys):
     "answer, text",
     [
         (None, "returned None"),
-        ("8192", "returned a str"),
+        ("8192", "returned '8192', expected a number"),
         (4096.5, "a whole number"),
-        (torch.tensor([8192]), "returned a tensor"),
+        (torch.tensor([8192, 8192]), "shape (2,), expected one number"),
     ],
 )
 def test_a_count_that_is_not_a_number_gets_a_sentence(answer, text, capsys):
@@ -145,4 +145,4 @@ def test_a_one_number_tensor_is_read_as_its_number(capsys):
 
 def test_a_rate_that_is_not_a_number_gets_a_sentence(capsys):
     refused(check_schedule, lambda *args: None, capsys, "step 0: your function returned None")
-    refused(check_schedule, lambda *args: [0.1], capsys, "returned a list")
+    refused(check_schedule, lambda *args: [0.1], capsys, "returned [0.1], expected a number")

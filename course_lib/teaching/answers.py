@@ -5,7 +5,9 @@ returns with what the library computes. Before comparing values they ask :func:`
 whether the answer can be compared at all, so that a list, ``None``, a float32 answer to a
 float64 question or a transposed matrix gets a sentence saying so, not a ``RuntimeError`` from
 ``torch.allclose``. :func:`value_problem` then names the first entry that differs, with both
-numbers and how many entries differ.
+numbers and how many entries differ. :func:`matches` is how a check recognises a usual mistake
+(the answer equals what the mistake computes), and :func:`as_number` reads an answer that is one
+number.
 
 Every check module lists its exercises in ``EXERCISES`` (:class:`Exercise`), which the tests
 read: each worked solution passes its check, and each wrong form of its answer is refused with a
@@ -14,12 +16,13 @@ message, not an exception (``tests/test_exercise_checks.py``).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Exercise", "form_problem", "value_problem", "answer_problem", "as_number"]
+__all__ = ["Exercise", "form_problem", "value_problem", "answer_problem", "as_number", "matches"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,16 @@ def form_problem(got: object, want: torch.Tensor, *, dtype: bool = True) -> str 
     return None
 
 
+def matches(
+    got: torch.Tensor, other: torch.Tensor, *, rtol: float = 1e-5, atol: float = 1e-8
+) -> bool:
+    """Whether ``got`` has ``other``'s shape and values (compared in float64, NaN equal to NaN):
+    how the checks recognise a usual mistake in an answer whose form is right."""
+    return got.shape == other.shape and bool(
+        torch.allclose(got.double(), other.double(), rtol=rtol, atol=atol, equal_nan=True)
+    )
+
+
 def _where(index: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(i) for i in index) + "]"
 
@@ -140,15 +153,18 @@ def as_number(got: object, *, whole: bool = False) -> tuple[float | None, str | 
     if isinstance(got, torch.Tensor) or type(got).__module__ == "numpy":
         size = got.numel() if isinstance(got, torch.Tensor) else got.size
         if size != 1:
-            return (
-                None,
-                f"your function returned an array of shape {tuple(got.shape)}, expected one number",
-            )
+            shape = tuple(got.shape)
+            return None, f"your function returned an array of shape {shape}, expected one number"
         got = got.item()
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
+    if isinstance(got, complex):
+        return None, f"your function returned the complex number {got:.4g}, expected a real one"
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):
         return None, f"your function returned {got!r}, expected a number"
     if whole:
-        if isinstance(got, float) and not got.is_integer():
-            return None, f"your function returned {got!r}, expected a whole number"
+        if not float(got).is_integer():
+            return None, (
+                f"your function returned {got!r}, expected a whole number: keep to integer "
+                "arithmetic (+, *, **, // rather than /)"
+            )
         return int(got), None
     return got, None

@@ -1,14 +1,15 @@
 """The checks of notebook 10's exercises: the learned tables' parameters, and the schedule.
 
 ``check_table_parameters(fn)`` calls ``fn(num_layers, max_positions, hidden_size)``, whose answer
-is a Python int, for the cpu preset's clm and mlm models and compares it with how many more
+is one whole number, for the cpu preset's clm and mlm models and compares it with how many more
 parameters :class:`course_lib.model.MiniBert` has with the learned encoding than with ``none``;
 then with the report's model (6 layers, 256 positions, hidden 384). It also checks that the
 committed learned runs (``figures/compare_cpu``) record the model's count. A wrong count gets a
 hint: one table for the whole model, one per Q, K and V, or a table missing a dimension.
 
 ``check_schedule(fn)`` calls ``fn(step, steps, peak, warmup_steps, min_lr_ratio)``, whose answer
-is a Python number (a one-number tensor is read as its number), at every step of three schedules (one without warm-up) and compares it with
+is one number (read by :func:`~course_lib.teaching.answers.as_number`), at every step of three
+schedules (one without warm-up) and compares it with
 :func:`course_lib.train.learning_rate_at`, naming the first step that differs in each. A wrong
 rate gets a hint: the warm-up off by one step, the cosine ending at 0 instead of
 ``min_lr_ratio * peak``, ``t`` divided by ``S - W`` (it never reaches 1) or not starting after
@@ -18,16 +19,13 @@ the warm-up, or float32 rounding.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from functools import lru_cache
-
-import torch
 
 from course_lib.compare import PRESETS, default_out_dir, preset_results
 from course_lib.compare.presets import Preset
 from course_lib.model import BertConfig, MiniBert
-from course_lib.teaching.answers import Exercise
+from course_lib.teaching.answers import Exercise, as_number
 from course_lib.teaching.notebook import report_check
 from course_lib.teaching.solutions import nb10
 from course_lib.train import learning_rate_at
@@ -36,17 +34,6 @@ __all__ = ["committed_runs", "check_table_parameters", "check_schedule", "EXERCI
 
 REPORT_MODEL = {"num_layers": 6, "max_positions": 256, "hidden_size": 384}
 SCHEDULES = ((300, 3e-3, 30, 0.1), (50, 1.0, 5, 0.0), (20, 0.5, 0, 0.2))  # steps, peak, W, r
-
-
-def _number_problem(got: object, what: str) -> str | None:
-    """Why ``got`` is not a plain real number, or None."""
-    if got is None:
-        return f"your function returned None (is the `return` missing?); expected {what}"
-    if isinstance(got, torch.Tensor):
-        return f"your function returned a tensor of {got.numel()} numbers; expected {what}"
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        return f"your function returned a {type(got).__name__}; expected {what}"
-    return None
 
 
 # --- the learned tables --------------------------------------------------------------------------
@@ -73,13 +60,6 @@ def _report_table_parameters() -> int:
         encoding="learned",
     )
     return MiniBert(config).parameter_counts()["position_embeddings"]
-
-
-def _count_problem(got: object) -> str | None:
-    problem = _number_problem(got, "an int")
-    if problem is None and not float(got).is_integer():
-        return f"you count {got!r}: a count of parameters is a whole number"
-    return problem
 
 
 def _table_hint(got: float, num_layers: int, max_positions: int, hidden: int) -> str:
@@ -111,8 +91,9 @@ def check_table_parameters(
         }
         cfg = preset.model_config("learned", objective)
         extra = counts["learned"] - counts["none"]
-        got = fn(cfg.num_layers, cfg.max_position_embeddings, cfg.hidden_size)
-        problem = _count_problem(got)
+        got, problem = as_number(
+            fn(cfg.num_layers, cfg.max_position_embeddings, cfg.hidden_size), whole=True
+        )
         if problem:
             failures.append(f"{objective} model of the {preset.name} preset: {problem}")
         elif got != extra:
@@ -126,8 +107,10 @@ def check_table_parameters(
         if learned and learned[0]["metrics"]["parameters"]["total"] - counts["none"] != extra:
             failures.append(f"the committed {objective} runs record another count than the model")
     want = _report_table_parameters()
-    got = fn(REPORT_MODEL["num_layers"], REPORT_MODEL["max_positions"], REPORT_MODEL["hidden_size"])
-    problem = _count_problem(got)
+    got, problem = as_number(
+        fn(REPORT_MODEL["num_layers"], REPORT_MODEL["max_positions"], REPORT_MODEL["hidden_size"]),
+        whole=True,
+    )
     if problem or got != want:
         failures.append(
             "the report's model (6 layers, 256 positions, hidden 384) disagrees with "
@@ -168,11 +151,8 @@ def check_schedule(fn: Callable[[int, int, float, int, float], float]) -> bool:
     for steps, peak, warmup, floor in SCHEDULES:
         for s in range(steps):
             want = learning_rate_at(s, steps, peak, warmup, floor)
-            got = fn(s, steps, peak, warmup, floor)
+            got, problem = as_number(fn(s, steps, peak, warmup, floor))
             where = f"steps={steps}, warmup={warmup}, step {s}"
-            if isinstance(got, torch.Tensor) and got.numel() == 1:
-                got = got.item()  # a one-number tensor compares as its number
-            problem = _number_problem(got, "a float")
             if problem:
                 failures.append(f"{where}: {problem}")
                 break

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.encodings import contextual_positions, fox_bias, interpolate_position_logits
-from course_lib.teaching.answers import Exercise, form_problem, value_problem
+from course_lib.teaching.answers import Exercise, form_problem, matches, value_problem
 from course_lib.teaching.notebook import report_check
 from course_lib.teaching.solutions import nb08
 
@@ -62,16 +62,12 @@ def reference_fox_bias(log_forget: torch.Tensor) -> torch.Tensor:
     return bias.tril().to(log_forget.dtype)
 
 
-def _close(got: torch.Tensor, other: torch.Tensor, atol: float) -> bool:
-    return bool(torch.allclose(got.double(), other.double(), rtol=1e-5, atol=atol))
-
-
 def _fox_hint(got: torch.Tensor, want: torch.Tensor, log_f: torch.Tensor, atol: float) -> str:
-    if _close(got, -want, atol):
+    if matches(got, -want, atol=atol):
         return " (the sign: log f <= 0, so D_ij = c_i - c_j <= 0, falling with distance)"
-    if _close(got, (want + log_f[None, :]).tril(), atol):
+    if matches(got, (want + log_f[None, :]).tril(), atol=atol):
         return " (the sum starts after key j: l = j+1 .. i)"
-    if _close(got, (want - log_f[:, None] + log_f[None, :]).tril(), atol):
+    if matches(got, (want - log_f[:, None] + log_f[None, :]).tril(), atol=atol):
         return " (the sum runs over l = j+1 .. i: include log f_i, leave out log f_j)"
     return ""
 
@@ -91,9 +87,9 @@ def check_fox_bias(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
             continue
         above = value_problem(got.triu(1), torch.zeros_like(want), atol=atol)
         if above:
-            if _close(got, want.T, atol):
+            if matches(got, want.T, atol=atol):
                 hint = " (transposed: row i is the query, D_ij = c_i - c_j for j <= i)"
-            elif _close(got.tril(), want, atol):
+            elif matches(got.tril(), want, atol=atol):
                 hint = " (mask the upper triangle with torch.tril)"
             else:
                 hint = ""
@@ -109,13 +105,15 @@ def _counts_hint(got: torch.Tensor, scores: torch.Tensor, npos: int) -> str:
     gates = torch.sigmoid(scores)
     reversed_sum = gates.flip(0).cumsum(0).flip(0)
     forward_sum = gates.cumsum(0)
-    if _close(got, reversed_sum, 1e-10):
+    if matches(got, reversed_sum, atol=1e-10):
         return " (clamp the counts at npos - 1)"
-    if _close(got, reversed_sum.clamp(max=npos), 1e-10):
+    if matches(got, reversed_sum.clamp(max=npos), atol=1e-10):
         return " (clamp at npos - 1, the last row of the table, not at npos)"
-    if _close(got, (reversed_sum - gates).clamp(max=npos - 1), 1e-10):
+    if matches(got, (reversed_sum - gates).clamp(max=npos - 1), atol=1e-10):
         return " (key j counts itself: include l = j)"
-    if _close(got, forward_sum.clamp(max=npos - 1), 1e-10) or _close(got, forward_sum, 1e-10):
+    if matches(got, forward_sum.clamp(max=npos - 1), atol=1e-10) or matches(
+        got, forward_sum, atol=1e-10
+    ):
         return (
             " (a forward cumsum sums keys 0 .. j; p_j sums from key j to the query, l = j .. i: "
             "reverse, cumsum, reverse back)"
@@ -145,11 +143,11 @@ def check_counts(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
 def _row_bias_hint(got: torch.Tensor, z: torch.Tensor, positions: torch.Tensor) -> str:
     lower, upper = positions.floor().long(), positions.ceil().long()
     w = positions - positions.floor()
-    if _close(got, z[lower] * w + z[upper] * (1 - w), 1e-10):
+    if matches(got, z[lower] * w + z[upper] * (1 - w), atol=1e-10):
         return " (the weights are swapped: z[ceil p] gets w = p - floor p, z[floor p] gets 1 - w)"
-    if _close(got, z[positions.round().long()], 1e-10):
+    if matches(got, z[positions.round().long()], atol=1e-10):
         return " (p rounded to the nearest row: interpolate between floor p and ceil p)"
-    if _close(got, z[lower], 1e-10):
+    if matches(got, z[lower], atol=1e-10):
         return " (z[floor p] alone: add w (z[ceil p] - z[floor p]), w = p - floor p)"
     return ""
 

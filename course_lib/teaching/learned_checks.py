@@ -3,8 +3,8 @@
 ``check_count(fn)`` calls ``fn(hidden_size, max_positions, encoding)`` for three sizes and both
 encodings (``"absolute"``, ``"learned"``) and compares the answer with the parameters of the
 library's :class:`~course_lib.encodings.AbsoluteAttention` and
-:class:`~course_lib.encodings.LearnedAttention`. The answer must be an integer (a Python or numpy
-integer, or a 0-d integer tensor); anything else is refused with a sentence. A wrong count gets a
+:class:`~course_lib.encodings.LearnedAttention`. The answer must be one whole number
+(:func:`~course_lib.teaching.answers.as_number`); anything else is refused with a sentence. A wrong count gets a
 hint: the learned table missing, a table counted for the sinusoidal code, or the projections
 miscounted.
 
@@ -19,13 +19,12 @@ last row is caught and explained.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 import torch
 
 from course_lib.encodings import AbsoluteAttention, LearnedAttention
-from course_lib.teaching.answers import Exercise, form_problem, value_problem
+from course_lib.teaching.answers import Exercise, as_number, form_problem, value_problem
 from course_lib.teaching.notebook import report_check
 from course_lib.teaching.solutions import nb02
 
@@ -38,36 +37,6 @@ INTERPOLATION_CASES = (
     (7, 4, torch.float32),
     (5, 13, torch.float64),
 )
-
-
-def _as_count(got: object) -> tuple[int | None, str | None]:
-    """``(count, None)`` for an integer answer, ``(None, why not)`` for anything else."""
-    if isinstance(got, torch.Tensor):
-        if (
-            got.dim() == 0
-            and not got.is_floating_point()
-            and not got.is_complex()
-            and got.dtype != torch.bool
-        ):
-            return int(got), None
-        if got.dim() == 0:
-            return (
-                None,
-                f"returned a 0-d tensor of dtype {got.dtype}; a count is an integer: return an int",
-            )
-        return None, f"returned a tensor of shape {tuple(got.shape)}; a count is one integer"
-    if isinstance(got, bool):
-        return None, f"returned {got}; a count is an integer"
-    if isinstance(got, numbers.Integral):
-        return int(got), None
-    if got is None:
-        return None, "returned None (is the `return` missing?); a count is an integer"
-    if isinstance(got, numbers.Real):
-        return None, (
-            f"returned the {type(got).__name__} {got!r}; a count is an integer: keep to integer "
-            "arithmetic (+, *, **, // rather than /) or convert with int()"
-        )
-    return None, f"returned a {type(got).__name__}; a count is an integer"
 
 
 def _parameters(cls, hidden_size: int, max_positions: int) -> tuple[str, int]:
@@ -83,7 +52,7 @@ def check_count(fn: Callable[[int, int, str], int]) -> bool:
         for cls in (AbsoluteAttention, LearnedAttention):
             encoding, want = _parameters(cls, hidden_size, max_positions)
             where = f"{encoding}, hidden={hidden_size}, max_positions={max_positions}"
-            got, problem = _as_count(fn(hidden_size, max_positions, encoding))
+            got, problem = as_number(fn(hidden_size, max_positions, encoding), whole=True)
             if problem:
                 failures.append(f"{where}: {problem}")
                 return report_check("attention_parameters", failures)

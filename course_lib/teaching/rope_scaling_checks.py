@@ -24,13 +24,12 @@ the factor goes negative and the power complex), the static NTK base, or the exp
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 
 import torch
 
 from course_lib.encodings import rope_frequencies, rope_inverse_frequencies
-from course_lib.teaching.answers import Exercise, form_problem, value_problem
+from course_lib.teaching.answers import Exercise, as_number, form_problem, matches, value_problem
 from course_lib.teaching.notebook import report_check
 from course_lib.teaching.solutions import nb07
 
@@ -64,23 +63,19 @@ DYNAMIC_CASES = ((16, 1.0, 40), (16, 1.0, 512), (16, 2.0, 200), (64, 4.0, 64), (
 DYNAMIC_BASE, DYNAMIC_TRAIN_LEN = 10000.0, 64
 
 
-def _close(got: torch.Tensor, other: torch.Tensor, rtol: float = 1e-5, atol: float = 0.0) -> bool:
-    return bool(torch.allclose(got.double(), other.double(), rtol=rtol, atol=atol))
-
-
 # --- NTK-aware scaling ---------------------------------------------------------------------------
 
 
 def _ntk_hint(got: torch.Tensor, head_dim: int, base: float, factor: float) -> str:
     plain = rope_inverse_frequencies(head_dim, base)
-    if factor > 1 and _close(got, plain):
+    if factor > 1 and matches(got, plain, atol=0.0):
         return ": these are the plain frequencies; change the base"
-    if factor > 1 and _close(got, plain / factor):
+    if factor > 1 and matches(got, plain / factor, atol=0.0):
         return (
             " (every pair divided by s is position interpolation; NTK changes the base, so the "
             "fastest pair keeps theta_0 = 1)"
         )
-    if factor > 1 and _close(got, rope_inverse_frequencies(head_dim, base * factor)):
+    if factor > 1 and matches(got, rope_inverse_frequencies(head_dim, base * factor), atol=0.0):
         return " (the base times s: raise s to D/(D-2), so that the slowest pair is divided by s)"
     return " (the slowest pair should be divided by exactly s)"
 
@@ -171,23 +166,23 @@ def _yarn_hint(got: torch.Tensor, want: torch.Tensor, wrong: torch.Tensor, case)
     low, high = _ramp_ends(head_dim, base, train_len, fast, slow)
     if low == high and not torch.isfinite(got).all():
         return f" (here low == high == {low}: add 0.001 to high, which makes the ramp a step)"
-    if _close(got, _ramp(*case, clamp_share=False), atol=1e-4):
+    if matches(got, _ramp(*case, clamp_share=False), atol=1e-4):
         return (
             f" (clamp the share to [0, 1]: exactly 0 for the fast pairs up to low = {low}, "
             f"exactly 1 for the slow pairs from high = {high} on)"
         )
-    if _close(got, 1 - want, atol=1e-4) or _close(got, want.flip(0), atol=1e-4):
+    if matches(got, 1 - want, atol=1e-4) or matches(got, want.flip(0), atol=1e-4):
         return (
             " (the ramp is reversed: share 0 for the fast pairs, small t, which turn many times "
             "in L; share 1 for the slow pairs)"
         )
-    if _close(got, _ramp(*case, clamp_ends=False), atol=1e-4):
+    if matches(got, _ramp(*case, clamp_ends=False), atol=1e-4):
         raw_low, raw_high = _ramp_ends(head_dim, base, train_len, fast, slow, clamp_ends=False)
         return (
             f" (clamp low and high to [0, D-1] = [0, {head_dim - 1}] before the ramp: here they "
             f"are {raw_low} and {raw_high} unclamped)"
         )
-    if _close(got, yarn_share(*case, truncate=False), atol=1e-4):
+    if matches(got, yarn_share(*case, truncate=False), atol=1e-4):
         return " (round the ends: low = floor(t(beta_fast)), high = ceil(t(beta_slow)))"
     if bool((want[wrong] == 1).all()):
         return " (these pairs turn fewer than beta_slow times in L: their share is exactly 1)"
@@ -223,22 +218,17 @@ def check_yarn_share(fn: Callable[..., torch.Tensor]) -> bool:
 # --- dynamic NTK ---------------------------------------------------------------------------------
 
 
-def _number_problem(got: object) -> str | None:
+def _base_problem(got: object) -> str | None:
     """Why ``got`` is not a usable base (a finite real number > 0), or None."""
     if isinstance(got, complex):
         return (
             f"your function returned the complex number {got:.4g}: a negative number to a "
             "fractional power (the factor s n'/L - (s - 1) is below 0 when n < L: n' = max(n, L))"
         )
-    if isinstance(got, torch.Tensor):
-        return "your function returned a tensor; return a Python float (float(x) or x.item())"
-    if got is None:
-        return "your function returned None (is the `return` missing?); expected a float"
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        return f"your function returned a {type(got).__name__}; expected a float"
-    if not math.isfinite(got) or got <= 0:
+    value, problem = as_number(got)
+    if problem is None and (not math.isfinite(value) or value <= 0):
         return f"your function returned {got!r}; a base is a finite number > 0"
-    return None
+    return problem
 
 
 def _dynamic_hint(got: float, head_dim: int, factor: float, seq_len: int) -> str:
@@ -274,7 +264,7 @@ def check_dynamic_base(fn: Callable[[float, int, float, int, int], float]) -> bo
         }
         want, _ = rope_frequencies(head_dim, base=DYNAMIC_BASE, scaling=scaling, seq_len=seq_len)
         got_base = fn(DYNAMIC_BASE, head_dim, factor, seq_len, DYNAMIC_TRAIN_LEN)
-        problem = _number_problem(got_base)
+        problem = _base_problem(got_base)
         if problem:
             failures.append(f"{desc}: {problem}")
             continue

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from course_lib.encodings import sinusoidal_table
-from course_lib.teaching.answers import Exercise, form_problem, value_problem
+from course_lib.teaching.answers import Exercise, form_problem, matches, value_problem
 from course_lib.teaching.notebook import report_check
 from course_lib.teaching.solutions import nb01
 
@@ -34,23 +34,19 @@ TABLE_CASES = ((50, 16, 10000.0), (20, 8, 100.0))
 ROTATION_CASES = ((1, 1.0), (5, 0.1), (-3, 0.7), (40, 1e-3))
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, atol: float) -> bool:
-    return got.shape == want.shape and torch.allclose(got.double(), want.double(), atol=atol)
-
-
 def _table_hint(got, n: int, dim: int, base: float) -> str | None:
     want = sinusoidal_table(n, dim, base)
-    if _close(got[:, 0::2], want[:, 1::2], 1e-4):
+    if matches(got[:, 0::2], want[:, 1::2], atol=1e-4):
         return "sin and cos are swapped: column 2i is sin, column 2i+1 is cos"
     halves = torch.cat((want[:, 0::2], want[:, 1::2]), dim=1)
-    if _close(got, halves, 1e-4):
+    if matches(got, halves, atol=1e-4):
         return (
             "the sines fill the first half and the cosines the second: interleave them, "
             "column 2i is sin, column 2i+1 is cos of the same frequency"
         )
-    if _close(got, sinusoidal_table(n + 1, dim, base)[1:], 1e-4):
+    if matches(got, sinusoidal_table(n + 1, dim, base)[1:], atol=1e-4):
         return "row p holds position p + 1: positions start at 0"
-    if base != 10000.0 and _close(got, sinusoidal_table(n, dim, 10000.0), 1e-4):
+    if base != 10000.0 and matches(got, sinusoidal_table(n, dim, 10000.0), atol=1e-4):
         return f"the base argument is ignored: this table uses 10000, not {base:g}"
     return None
 
@@ -93,15 +89,15 @@ def _turn(angle: float) -> torch.Tensor:
 
 
 def _rotation_hint(r: torch.Tensor, shift: int, omega: float) -> str:
-    if shift * omega != 0 and _close(r, _turn(-shift * omega), 1e-6):
+    if shift * omega != 0 and matches(r, _turn(-shift * omega), atol=1e-6):
         return (
             " (this turns the pair back by shift * omega: [[cos, -sin], [sin, cos]] turns a "
             "(cos, sin) pair; with sin first, sin(a + b) = sin a cos b + cos a sin b makes the "
             "first row (cos b, sin b))"
         )
-    if shift != 1 and _close(r, _turn(omega), 1e-6):
+    if shift != 1 and matches(r, _turn(omega), atol=1e-6):
         return " (this turns the pair by omega: a shift of k positions turns it by k * omega)"
-    if shift * omega != 0 and _close(r, torch.eye(2, dtype=torch.float64), 1e-6):
+    if shift * omega != 0 and matches(r, torch.eye(2, dtype=torch.float64), atol=1e-6):
         return " (this is the identity: the pair must turn by shift * omega)"
     return ""
 
