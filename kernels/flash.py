@@ -507,23 +507,39 @@ def _flash_bwd_delta_kernel(
     OUT,
     DO,
     DELTA,
+    LSE,
+    LSE_SPLIT,
+    POS,
+    BIAS,
     stride_ob,
     stride_oh,
     stride_dob,
     stride_doh,
     stride_dos,
     stride_dod,
+    stride_pos_b,
+    stride_bias_b,
+    stride_bias_h,
     seq_len,
     num_heads,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    BIAS_SPLIT: tl.constexpr = None,
+    BIAS_OPTIONS: tl.constexpr = None,
 ):
-    """``delta_i = sum_d dO_id * O_id`` (fp32), one row block of one (batch, head)."""
-    # Only the output (in the q slot) and dO are read: the other slots get unused pointers.
-    pid_m, pid_bh, OUT, _, _, DO, _, _, _, _, _, _, _ = _program_setup(
-        OUT, OUT, OUT, DO, DELTA, DELTA, DELTA, DELTA, DELTA, DELTA, DELTA, stride_ob, stride_oh,
+    """``delta_i = sum_d dO_id * O_id`` (fp32), one row block of one (batch, head).
+
+    With ``BIAS_SPLIT`` (a causal launch's split bias) also ``lse_i - u_i``, the rows' part
+    counted from the first query of the row's block of ``BLOCK_M`` (the dK/dV kernel's query
+    tiles): that kernel's tiles below the diagonal read it in place of ``lse``, so the query
+    part costs nothing per tile there."""
+    # Only the output (in the q slot), dO, the positions and the hook's tensor are read: the
+    # other slots get unused pointers.
+    pid_m, pid_bh, OUT, _, _, DO, POS, _, _, _, _, _, BIAS = _program_setup(
+        OUT, OUT, OUT, DO, POS, DELTA, DELTA, DELTA, DELTA, DELTA, BIAS, stride_ob, stride_oh,
         0, 0, 0, 0,
-        stride_dob, stride_doh, 0, 0, 0, 0, num_heads, seq_len, False,
+        stride_dob, stride_doh, stride_pos_b, 0, stride_bias_b, stride_bias_h, num_heads,
+        seq_len, False,
     )  # fmt: skip
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_valid = offs_m < seq_len
@@ -531,6 +547,13 @@ def _flash_bwd_delta_kernel(
     do = _load_rows(DO, offs_m, row_valid, stride_dos, stride_dod, HEAD_DIM, True).to(tl.float32)
     delta = tl.sum(o * do, 1)
     tl.store(DELTA + pid_bh * seq_len + offs_m, delta, mask=row_valid)
+    if BIAS_SPLIT is not None:
+        lse = tl.load(LSE + pid_bh * seq_len + offs_m, mask=row_valid, other=0.0)
+        ref_idx = tl.minimum(pid_m * BLOCK_M, seq_len - 1)
+        row_pos = tl.load(POS + offs_m, mask=row_valid, other=0.0)
+        rows = BIAS_SPLIT(tl.minimum(offs_m, seq_len - 1), row_pos, ref_idx,
+                          tl.load(POS + ref_idx), BIAS, True, BIAS_OPTIONS)  # fmt: skip
+        tl.store(LSE_SPLIT + pid_bh * seq_len + offs_m, lse - rows, mask=row_valid)
 
 
 @triton.jit
@@ -567,6 +590,7 @@ def _dkdv_tiles(
     Q,
     DO,
     LSE,
+    LSE_SPLIT,
     DELTA,
     POS,
     COS,
@@ -651,6 +675,9 @@ def _dkdv_tiles(
         if MASKED:
             lse = tl.load(LSE + offs_m, mask=row_valid, other=float("inf"))
             delta = tl.load(DELTA + offs_m, mask=row_valid, other=0.0)
+        elif BIAS_SPLIT is not None and BIAS_FN is not None and not FAR:
+            lse = tl.load(LSE_SPLIT + offs_m)  # lse_i - u_i, counted from offs_m[0]
+            delta = tl.load(DELTA + offs_m)
         else:
             lse = tl.load(LSE + offs_m)
             delta = tl.load(DELTA + offs_m)
@@ -667,12 +694,16 @@ def _dkdv_tiles(
                 query_idx = offs_m[None, :]
             if POS_AFFINE:  # p_0 + step * index: no load
                 pos_m = _affine_positions(start_m, BLOCK_M, pos0, pos_step)
-            if BIAS_SPLIT is not None and not MASKED:  # key part per program, query per tile
-                query_part = BIAS_SPLIT(
-                    tl.reshape(query_idx, [BLOCK_M]), pos_m, ref_idx, ref_pos, BIAS, True,
-                    BIAS_OPTIONS,
-                )  # fmt: skip
-                p_t = tl.exp2(s_t * qk_scale_log2 + key_part + (query_part - lse)[None, :])
+            if BIAS_SPLIT is not None and not MASKED:  # key part per program, lse_i - u_i
+                # the key part moved from the block's last key to the tile's first query:
+                # u_i(ref) - u_i(start) = w_ref(start) - w_ref(ref) for every query i here
+                if POS_AFFINE:
+                    start_pos = pos0 + pos_step * start_m.to(tl.float32)
+                else:
+                    start_pos = tl.load(POS + start_m)
+                moved = BIAS_SPLIT(ref_idx, ref_pos, start_m, start_pos, BIAS, False,
+                                   BIAS_OPTIONS)  # fmt: skip
+                p_t = tl.exp2(s_t * qk_scale_log2 + key_part - (lse - moved)[None, :])
             elif BIAS_FACTOR:
                 f_t = BIAS_FN(query_idx, key_idx, pos_m[None, :], key_pos, BIAS, BIAS_OPTIONS)
                 p_t = tl.exp2(s_t * qk_scale_log2 - lse[None, :]) * f_t
@@ -718,6 +749,7 @@ def _flash_bwd_dkdv_kernel(
     V,
     DO,
     LSE,
+    LSE_SPLIT,
     DELTA,
     DK,
     DV,
@@ -800,6 +832,7 @@ def _flash_bwd_dkdv_kernel(
     DK += pid_bh * seq_len * HEAD_DIM
     DV += pid_bh * seq_len * HEAD_DIM
     LSE += pid_bh * seq_len
+    LSE_SPLIT += pid_bh * seq_len
     DELTA += pid_bh * seq_len
 
     t, pair_valid, first, second = _pair_channels(HEAD_DIM, HALF_PAD, HALF_LAYOUT)
@@ -816,9 +849,10 @@ def _flash_bwd_dkdv_kernel(
         key_pos = tl.load(POS + offs_n, mask=col_valid, other=0.0)[:, None]
     else:
         key_pos = key_idx
-    # a split bias (the unmasked loop: queries after the whole key block): both parts counted
-    # from the block's last key, which lies between each pair's key and query; the key part
-    # once here
+    # a split bias (the unmasked loop: queries after the whole key block): the key part counted
+    # from the block's last key, once here; the tiles read lse_i - u_i with the rows' part
+    # counted from the tile's first query (LSE_SPLIT, from the delta pass) and move the key
+    # part to that reference, one scalar per tile (w_self: the last key's own part)
     ref_idx = tl.minimum(pid_n * BLOCK_N + BLOCK_N - 1, seq_len - 1)
     ref_pos = 0.0
     pos0, pos_step = position_line(POS, seq_len, POS_AFFINE)
@@ -826,6 +860,7 @@ def _flash_bwd_dkdv_kernel(
     if BIAS_SPLIT is not None:
         ref_pos = tl.load(POS + ref_idx)
         key_part = BIAS_SPLIT(key_idx, key_pos, ref_idx, ref_pos, BIAS, False, BIAS_OPTIONS)
+        key_part -= BIAS_SPLIT(ref_idx, ref_pos, ref_idx, ref_pos, BIAS, False, BIAS_OPTIONS)
     if BIAS_GRAD_FN is not None and GRAD_PER_TILE:
         # this (batch, head)'s tile slots, after its scratch slot
         dbias = DBIAS + (pid_bh * (grad_slots + 1) + 1) * GRAD_WIDTH
@@ -868,20 +903,20 @@ def _flash_bwd_dkdv_kernel(
         num_far = tl.maximum(full_end - far_start, 0) // FAR_BLOCK_M
         far_start = full_end - num_far * FAR_BLOCK_M
         dk1, dk2, dv, dbias = _dkdv_tiles(
-            dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
-            stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part,
-            ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2,
-            seq_len, qk_scale_log2, far_start, num_far, 0, 0, pid_n, 0,
-            BIAS_FAR(BIAS, far_reach, BIAS_OPTIONS), HEAD_DIM, HALF_PAD, HALF_LAYOUT,
-            PAIR_HALVES, FAR_BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN,
-            GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK,
-            DOT_PRECISION, False, True, BLOCK_M,
+            dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, LSE_SPLIT, DELTA, POS, COS, SIN, BIAS,
+            stride_qs, stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos,
+            key_part, ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1,
+            gain_2, seq_len, qk_scale_log2, far_start, num_far, 0, 0, pid_n, 0, BIAS_FAR(BIAS,
+            far_reach, BIAS_OPTIONS), HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, FAR_BLOCK_M,
+            HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR, BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH,
+            BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL, HAS_MASK, DOT_PRECISION, False, True,
+            BLOCK_M,
         )  # fmt: skip
     num_free = tl.maximum(far_start - band_end, 0) // BLOCK_M
     dk1, dk2, dv, dbias = _dkdv_tiles(
-        dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
-        stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part, ref_idx,
-        ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
+        dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, LSE_SPLIT, DELTA, POS, COS, SIN, BIAS,
+        stride_qs, stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part,
+        ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
         qk_scale_log2, band_end, num_free, 0, 0, pid_n, grad_slots, 0.0, HEAD_DIM, HALF_PAD,
         HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN, BIAS_FACTOR,
         BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE, CAUSAL,
@@ -890,12 +925,11 @@ def _flash_bwd_dkdv_kernel(
     num_band = tl.cdiv(tl.minimum(band_end, seq_len) - lo, BLOCK_M)
     num_tail = (full_end < seq_len) & (full_end >= band_end)
     dk1, dk2, dv, dbias = _dkdv_tiles(
-        dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, DELTA, POS, COS, SIN, BIAS, stride_qs,
-        stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part, ref_idx,
-        ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
-        qk_scale_log2, lo, num_band + num_tail.to(tl.int32), band_end, full_end, pid_n,
-        grad_slots, 0.0,
-        HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN,
+        dk1, dk2, dv, dbias, k1, k2, v, Q, DO, LSE, LSE_SPLIT, DELTA, POS, COS, SIN, BIAS,
+        stride_qs, stride_qd, stride_dos, stride_dod, offs_n, key_real, key_idx, key_pos, key_part,
+        ref_idx, ref_pos, pos0, pos_step, t, pair_valid, first, second, gain_1, gain_2, seq_len,
+        qk_scale_log2, lo, num_band + num_tail.to(tl.int32), band_end, full_end, pid_n, grad_slots,
+        0.0, HEAD_DIM, HALF_PAD, HALF_LAYOUT, PAIR_HALVES, BLOCK_M, HAS_TABLES, HAS_GAIN, BIAS_FN,
         BIAS_FACTOR, BIAS_GRAD_FN, GRAD_PER_TILE, GRAD_WIDTH, BIAS_OPTIONS, BIAS_SPLIT, POS_AFFINE,
         CAUSAL, HAS_MASK, DOT_PRECISION, True, False, BLOCK_M,
     )  # fmt: skip
@@ -1628,13 +1662,23 @@ def flash_attention_backward(
     dq = torch.empty(shape, dtype=grad_dtype, device=device)
     dk = torch.empty(shape, dtype=grad_dtype, device=device)
     dv = torch.empty(shape, dtype=q.dtype, device=device)
-    delta = torch.empty_like(lse)
-    run_launch(Launch("delta", _flash_bwd_delta_kernel, (triton.cdiv(seq, 64), batch * heads), (
-        out, grad_out, delta, out.stride(0), out.stride(1), *grad_out.stride(), seq, heads,
-    ), dict(HEAD_DIM=head_dim, BLOCK_M=64)))  # fmt: skip
     switches = _switches(
         a, head_dim, causal, q.dtype, positions_ordered, positions_affine, far_reach
     )
+    delta = torch.empty_like(lse)
+    # a split bias: also lse minus the rows' part, per query block of the dK/dV kernel's tiles
+    split = switches["BIAS_SPLIT"]
+    lse_split = torch.empty_like(lse) if split is not None else lse
+    delta_block = configs["dkdv"].block_m if split is not None else 64
+    run_launch(Launch(
+        "delta" if split is None else "delta_split", _flash_bwd_delta_kernel,
+        (triton.cdiv(seq, delta_block), batch * heads),
+        (out, grad_out, delta, lse, lse_split, positions, a.bias_params, out.stride(0),
+         out.stride(1), *grad_out.stride(), a.stride_pos_b, a.stride_bias_b, a.stride_bias_h,
+         seq, heads),
+        dict(HEAD_DIM=head_dim, BLOCK_M=delta_block, BIAS_SPLIT=split,
+             BIAS_OPTIONS=None if split is None else a.bias_options),  # one compile without
+    ))  # fmt: skip
     far = switches["BIAS_FAR"] is not None
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *a.strides())
     cfg = configs["dkdv"]
@@ -1662,8 +1706,9 @@ def flash_attention_backward(
             device=device,
         )
     run_launch(Launch("dkdv", _flash_bwd_dkdv_kernel, (num_key_blocks, batch * heads), (
-        q, k, v, grad_out, lse, delta, dk, dv, positions, a.mask, a.cos, a.sin, a.key_cos,
-        a.key_sin, a.gain, a.bias_params, scratch if per_tile else partials, *strides, seq, heads,
+        q, k, v, grad_out, lse, lse_split, delta, dk, dv, positions, a.mask, a.cos, a.sin,
+        a.key_cos, a.key_sin, a.gain, a.bias_params, scratch if per_tile else partials, *strides,
+        seq, heads,
         scale, scale * LOG2E, slots,
         far_reach or 0,
     ), dict(

@@ -89,8 +89,8 @@ checks each hook's factor against its bias).
 
 ``split(idx, pos, ref_idx, ref_pos, params, QUERY, OPTIONS=None) -> vector`` (optional, flash
 only): the bias as a sum of a query part and a key part, in base 2. ``idx``, ``pos``: the
-indices and positions of one side's tokens (a vector); ``ref_idx``, ``ref_pos``: one token of
-the same sequence (scalars) that both parts are counted from; ``QUERY``: the query part
+indices and positions of one side's tokens (a vector, or one token as scalars: flash's dK/dV);
+``ref_idx``, ``ref_pos``: one token (scalars) that both parts count from; ``QUERY``: the query part
 ``u_i`` (True) or the key part ``w_j`` (False), such that ``b_ij log2(e) = u_i + w_j`` for
 every pair with ``j <= ref <= i`` (``split_ordered``: only where positions never decrease
 along the sequence, so that ``p_j <= p_i``; ALiBi's ``|p_i - p_j|`` is ``p_i - p_j`` there).

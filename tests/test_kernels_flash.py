@@ -666,6 +666,39 @@ def test_split_form_adds_up_to_the_bias(name) -> None:
     torch.testing.assert_close(split[pairs], bias[pairs], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", _hooks_with_split())
+def test_split_form_takes_one_token_as_scalars(name) -> None:
+    """The dK/dV kernel moves a split's key part from one reference to another with one call on
+    a single token (scalars): it must give that token's entry of the vector call."""
+    import triton
+    import triton.language as tl
+
+    hook = resolve_hook(name)
+
+    @triton.jit
+    def one_and_all(POS, PARAMS, ONE_OUT, ALL_OUT, TOKEN: tl.constexpr, REF: tl.constexpr,
+                    SPLIT_FN: tl.constexpr, N: tl.constexpr):  # fmt: skip
+        i = tl.arange(0, N)
+        ref_pos = tl.load(POS + REF)
+        tl.store(ALL_OUT + i, SPLIT_FN(i, tl.load(POS + i), REF, ref_pos, PARAMS, False, None))
+        one = SPLIT_FN(TOKEN, tl.load(POS + TOKEN), REF, ref_pos, PARAMS, False, None)
+        tl.store(ONE_OUT, one)
+
+    n, token, ref = 16, 5, 11
+    torch.manual_seed(1)
+    positions = torch.cat([torch.zeros(1), torch.randint(1, 9, (n - 1,)).float().cumsum(0)])
+    if hook.param == "per_token":
+        params = (-torch.rand(n) * 3).cumsum(0)
+    else:
+        params = torch.rand(1) * 0.5 + 0.01
+    one = torch.empty(1, device=DEVICE)
+    every = torch.empty(n, device=DEVICE)
+    one_and_all[(1,)](positions.to(DEVICE), params.to(DEVICE), one, every, token, ref,
+                      hook.split, n)  # fmt: skip
+    assert one.item() == pytest.approx(every[token].item(), rel=1e-6, abs=1e-6)
+    assert one.item() != 0.0  # a token away from the reference has a part of its own
+
+
 @pytest.mark.parametrize("order", ["arange", "steps", "shuffled"])
 def test_linear_distance_split_follows_the_order_of_the_positions(order) -> None:
     """ALiBi's ``|p_i - p_j|`` splits into a query and a key part only where keys come at or

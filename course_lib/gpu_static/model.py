@@ -37,7 +37,7 @@ A ratio ``anchor / course`` of 1.0 means as many cycles per pair as the anchor, 
 many. These are static estimates, not times.
 
 Per-token passes (:data:`PER_TOKEN_PASSES`: the q/k transform's encode and decode, the
-backward's ``delta``) have no inner loop: they move O(seq x head_dim) bytes. The ratios to plain
+backward's ``delta`` or ``delta_split``) have no inner loop: they move O(seq x head_dim) bytes. The ratios to plain
 flash (:func:`relative_to_plain`) add their DRAM traffic (:func:`token_pass_cost`) to the
 loops', as cycles per pair at the benchmark shape: a q/k transform then costs what it moves,
 once per call, rather than nothing (it used to be in the loops, where the instruction count
@@ -95,7 +95,7 @@ SB_REFERENCE_NAME = "stick-breaking paper's reference kernel (causal, bf16)"
 
 
 # Passes over the tokens, with no inner loop (the launches' names).
-PER_TOKEN_PASSES = ("delta", "encode_q", "encode_k", "decode_q", "decode_k")
+PER_TOKEN_PASSES = ("delta", "delta_split", "encode_q", "encode_k", "decode_q", "decode_k")
 #: The kernel families whose tile loops the model costs (CoPE's scan is compiled, not modelled).
 FAMILIES = ("flash", "stick")
 # The far form's reach at the benchmark: T5's with its defaults (32 buckets, 128,
@@ -116,13 +116,18 @@ def token_pass_bytes(name: str, head_dim: int, elem: int) -> int:
     ``encode_*``: read the row, write ``x'``. ``decode_*``: the loops write the gradient w.r.t.
     ``x'`` in float32 instead of ``elem`` bytes, the pass reads it and writes the gradient (the
     tables, ``[seq, head_dim/2]`` float32 shared by batch and heads, come from L2 after the first
-    head: not counted). ``delta``: read the output and its gradient, write one float32."""
+    head: not counted). ``delta``: read the output and its gradient, write one float32;
+    ``delta_split`` (a causal launch with a split bias) also reads ``lse`` and the hook's
+    per-token value and writes ``lse - u``, three float32 more (the positions, shared by the
+    heads, come from L2)."""
     if name.startswith("encode_"):
         return 2 * head_dim * elem
     if name.startswith("decode_"):
         return head_dim * (4 - elem) + head_dim * 4 + head_dim * elem
     if name == "delta":
         return 2 * head_dim * elem + 4
+    if name == "delta_split":
+        return 2 * head_dim * elem + 4 + 3 * 4
     raise ValueError(f"{name!r} is not a per-token pass ({', '.join(PER_TOKEN_PASSES)})")
 
 
