@@ -92,6 +92,28 @@ def test_q_k_tables_are_applied_once_outside_the_loops():
                     assert set(dtypes) <= {(torch.float32, torch.bfloat16)}, dtypes
 
 
+def test_a_split_biass_query_part_is_computed_once_for_the_dkdv_kernel():
+    """A causal launch with a split bias (ALiBi's, FoX's) computes ``lse - u`` in the backward's
+    per-token pass, per query block of the dK/dV kernel's tiles, and the dK/dV launch reads that
+    tensor; a bidirectional launch (no split) keeps the plain ``delta`` pass."""
+    from course_lib.gpu_static import variants
+
+    for hook in ("linear_distance", "cumulative_log_gates"):
+        features = variants.Features(hook=hook, grad=True)
+        launches = {x.name: x for x in variants.plan(variants.Variant("flash", features, True, 64,
+                                                                      "bf16", 90))}  # fmt: skip
+        assert "delta" not in launches and "delta_split" in launches, list(launches)
+        delta, dkdv = launches["delta_split"], launches["dkdv"]
+        assert delta.kwargs["BIAS_SPLIT"] is not None
+        assert delta.kwargs["BLOCK_M"] == dkdv.kwargs["BLOCK_M"]
+        lse, lse_split = delta.args[3], delta.args[4]  # read, written
+        assert lse_split is not lse and dkdv.args[4] is lse and dkdv.args[5] is lse_split
+    features = variants.Features(hook="linear_distance", grad=True)
+    names = [x.name for x in variants.plan(variants.Variant("flash", features, False, 64, "bf16",
+                                                            90))]  # fmt: skip
+    assert "delta" in names and "delta_split" not in names
+
+
 def test_the_kernels_limits_agree_with_the_reports_targets():
     """``kernels/`` cannot import ``course_lib``, so it keeps its own table of shared memory per
     block, its own first bf16 architecture and its tcgen5 architectures: all must say what the
