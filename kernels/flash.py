@@ -852,7 +852,7 @@ def _flash_bwd_dkdv_kernel(
     # a split bias (the unmasked loop: queries after the whole key block): the key part counted
     # from the block's last key, once here; the tiles read lse_i - u_i with the rows' part
     # counted from the tile's first query (LSE_SPLIT, from the delta pass) and move the key
-    # part to that reference, one scalar per tile (w_self: the last key's own part)
+    # part to that reference, one scalar per tile (key_part less w_ref(ref), ref's own part)
     ref_idx = tl.minimum(pid_n * BLOCK_N + BLOCK_N - 1, seq_len - 1)
     ref_pos = 0.0
     pos0, pos_step = position_line(POS, seq_len, POS_AFFINE)
