@@ -20,8 +20,8 @@ chapters print (ALiBi's and RSE's linear distance, ExpoSB's distance factor, T5'
 The hook contract
 -----------------
 ``bias(idx_q, idx_k, pos_q, pos_k, params, BASE2, OPTIONS=None) -> tile`` (float32). ``idx_*``
-are token indices (int, in ``[0, seq)``: the kernels clamp the tail of a block to the last token,
-so a hook may load ``params + idx`` without a mask), ``pos_*`` the position ids as float32
+are token indices (int; queries in ``[0, seq)``, and keys in flash, whose hooks may load
+``params + idx`` unmasked; stick-breaking's masked keys may pass the end), ``pos_*`` the position ids as float32
 **counted from the smallest position of the sequence**: the wrappers subtract it in integers
 (and refuse a sequence spanning ``2^24`` or more), so every value, and ``pos_q - pos_k``, is an
 exact integer however large the positions are (``10**8 + arange(n)`` gives the biases of
@@ -32,7 +32,7 @@ when queries are the rows (every forward, the flash dQ and the stick-breaking ke
 :meth:`BiasHook.strides` gives: ``per_head`` ``[heads]`` is read with ``tl.load(params)``, a
 ``[heads, width]`` table with ``tl.load(params + column)``, ``per_token`` ``[batch, heads, seq]``
 with ``tl.load(params + idx)``, ``per_diagonal`` ``[1 or batch, heads, 2 seq - 1]`` with
-``tl.load(params + (idx_q - idx_k))`` (the pointer is at diagonal 0). ``BASE2``: return
+``tl.load(params + diagonal_offset(idx_q, idx_k))`` (:func:`diagonal_layout`). ``BASE2``: return
 ``b * log2(e)`` (the flash kernels work in base 2) instead of ``b``. ``OPTIONS``: the hook's
 compile-time constants (a ``tl.constexpr`` tuple built by :meth:`BiasHook.kernel_options` from
 ``ScoreBias.options``; None for a hook without options): each configuration compiles its own
@@ -334,16 +334,16 @@ class BiasHook:
         """``(stride_b, stride_h)`` of the contiguous float32 tensor the kernels read."""
         if self.param == "per_token":
             return tensor.stride(0), tensor.stride(1)
-        if self.param == "per_diagonal":
-            return (0 if tensor.shape[0] == 1 else tensor.stride(0)), tensor.stride(1)
+        if self.param == "per_diagonal":  # the strides of its kernel layout
+            return diagonal_layout_strides(tensor.shape)
         return 0, tensor.stride(0)  # per_head: one row per head, shared by the batch
 
     def pointer(self, tensor: torch.Tensor) -> torch.Tensor:
         """What the kernels get as ``params`` (before the per-(batch, head) strides): the
-        tensor itself, or for ``per_diagonal`` a flat view starting at diagonal 0 of the first
-        row (no copy), so that ``params + (i - j)`` is diagonal ``i - j``."""
+        tensor itself, or for ``per_diagonal`` its copy laid out for reads of four consecutive
+        diagonals at a time (:func:`diagonal_layout`), read at ``diagonal_offset(i, j)``."""
         if self.param == "per_diagonal":
-            return tensor.reshape(-1)[(tensor.shape[-1] - 1) // 2 :]
+            return diagonal_layout(tensor)
         return tensor
 
     def grad_width(self, block_rows: int, options: Mapping | None = None) -> int:
@@ -470,9 +470,9 @@ def diagonal_sums(partials, batch: int, heads: int, shape, tiles: GradTiles) -> 
 def diagonal_table_bias(
     idx_q, idx_k, pos_q, pos_k, params, BASE2: tl.constexpr, OPTIONS: tl.constexpr = None
 ):
-    """``table[i - j]`` (times ``log2 e`` if ``BASE2``); ``params`` points at diagonal 0 of this
-    (batch, head)'s row of the ``[1 or batch, heads, 2 seq - 1]`` table."""
-    value = tl.load(params + (idx_q - idx_k))
+    """``table[i - j]`` (times ``log2 e`` if ``BASE2``); ``params`` points at this (batch,
+    head)'s row of the table in its kernel layout (:func:`diagonal_layout`)."""
+    value = tl.load(params + diagonal_offset(idx_q, idx_k))
     if BASE2:
         value = value * LOG2E
     return value
@@ -523,7 +523,7 @@ def diagonal_table_grad(
 def diagonal_table_far(params, reach, OPTIONS: tl.constexpr = None):
     """``table[reach] log2 e``: the bias of every pair with ``i - j >= reach``, for a table that
     no longer changes past that diagonal (``ScoreBias.far_reach``)."""
-    return tl.load(params + reach) * LOG2E
+    return tl.load(params + diagonal_offset(reach, 0)) * LOG2E
 
 
 def diagonal_far_reduce(grad, sums, reach: int, shape) -> torch.Tensor:
@@ -771,3 +771,85 @@ def grad_distance(pos_q, pos_k, QUERY_AXIS: tl.constexpr):
 
 
 __all__ += ["grad_distance"]
+
+
+# --------------------------------------------------------------------------------------------
+# The per-diagonal table's kernel layout (after grad_distance, so no jit function above moves)
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _quarter(index):
+    """``index // 4`` for an index ``>= 0``, divided as unsigned (one shift, where a signed
+    division rounds negatives toward zero with two more instructions)."""
+    return (tl.cast(index, tl.uint32) // 4).to(tl.int32)
+
+
+@triton.jit
+def diagonal_offset(idx_q, idx_k):
+    """Where ``table[i - j]`` lies in the kernel layout of a per-diagonal table
+    (:func:`diagonal_layout`), for ``idx_q`` / ``idx_k`` as a hook gets them (``[rows, 1]`` /
+    ``[1, cols]`` where queries are the rows, ``[1, cols]`` / ``[rows, 1]`` where keys are, or
+    scalars): ``32 q + 16 o + 4 s + r``, the row part and the column part apart, so a tile
+    costs one add per pair, as ``i - j`` did. Along a row, four columns ``4 c .. 4 c + 3`` are
+    four consecutive floats at an offset divisible by 4, so the compiler can read them with one
+    16-byte load where ``params + (i - j)`` ran backwards and took one load per pair."""
+    if len(idx_q.shape) == 2 and idx_q.shape[0] == 1:  # keys are the rows: o = 1
+        rows = 16 + 4 * idx_k - 48 * _quarter(idx_k)  # 16 + 4 (j % 4) - 32 (j // 4)
+        cols = idx_q + 28 * _quarter(idx_q)  # 32 (i // 4) + i % 4
+    else:  # queries are the rows (or scalars): o = 0
+        rows = 4 * idx_q - 48 * _quarter(idx_q)  # 4 (i % 4) - 32 (i // 4)
+        cols = idx_k + 28 * _quarter(idx_k)  # 32 (j // 4) + j % 4
+    return rows + cols
+
+
+DIAGONAL_KEY_PAD = 1024
+"""Tokens past the sequence's end that :func:`diagonal_layout` covers: the stick-breaking
+kernels hand a hook their key indices unclamped (a clamp would cost the table its 16-byte
+reads), so a key block may reach that far past the last key, whose pairs the kernels mask."""
+
+
+def _diagonal_reach(seq: int) -> tuple[int, int]:
+    """``(low, high)``: ``q = j // 4 - i // 4`` (or its negative) lies in ``[-low, high]`` for
+    ``i < seq`` and ``j < seq + DIAGONAL_KEY_PAD``, in either orientation."""
+    reach = (seq - 1 + DIAGONAL_KEY_PAD) // 4
+    return reach, reach
+
+
+def diagonal_layout_strides(shape) -> tuple[int, int]:
+    """``(stride_b, stride_h)`` of :func:`diagonal_layout` for a table of ``shape`` ``[1 or
+    batch, heads, 2 seq - 1]`` (0 for a table the batch shares); multiples of 32."""
+    low, high = _diagonal_reach((shape[-1] + 1) // 2)
+    width = 32 * (low + high + 1)
+    return (0 if shape[0] == 1 else shape[1] * width), width
+
+
+def diagonal_layout(table: torch.Tensor) -> torch.Tensor:
+    """A per-diagonal table ``[1 or batch, heads, 2 seq - 1]`` (index ``i - j + seq - 1``) laid
+    out as the kernels read it: per (batch, head), ``[low + high + 1, 2, 4, 4]`` floats ``(q,
+    o, s, r)`` for ``q`` in ``[-low, high]`` (:func:`_diagonal_reach`), flattened, the pointer
+    at ``q = 0``.
+
+    * ``o = 0`` (queries are the tile's rows; ``q = j // 4 - i // 4``, ``s = i % 4``, ``r = j %
+      4``): ``table[s - r - 4 q]``;
+    * ``o = 1`` (keys are the rows; ``q = i // 4 - j // 4``, ``s = j % 4``, ``r = i % 4``):
+      ``table[4 q + r - s]``;
+
+    both ``table[i - j]``, so that four consecutive keys (``o = 0``) or queries (``o = 1``) of a
+    row are four consecutive floats. Eight copies of each value (one per ``(o, s)``), built by
+    one gather per call (``O(seq)`` per head); entries no pair reads repeat the table's ends.
+    """
+    diagonals = table.shape[-1]
+    seq = (diagonals + 1) // 2
+    low, high = _diagonal_reach(seq)
+    q = torch.arange(-low, high + 1, device=table.device).view(-1, 1, 1, 1)
+    o = torch.arange(2, device=table.device).view(1, 2, 1, 1)
+    s = torch.arange(4, device=table.device).view(1, 1, 4, 1)
+    r = torch.arange(4, device=table.device).view(1, 1, 1, 4)
+    distance = torch.where(o == 0, s - r - 4 * q, 4 * q + r - s)
+    index = (distance + seq - 1).clamp(0, diagonals - 1).reshape(-1)
+    laid = table.index_select(-1, index).contiguous()  # [1 or batch, heads, 32 (low + high + 1)]
+    return laid.reshape(-1)[32 * low :]
+
+
+__all__ += ["DIAGONAL_KEY_PAD", "diagonal_offset", "diagonal_layout", "diagonal_layout_strides"]

@@ -128,7 +128,7 @@ from .qk_transform import (
     decode_qk_grads,
     encode_qk,
 )
-from .score_bias import GradTiles, tile_slot, tile_slot_count
+from .score_bias import DIAGONAL_KEY_PAD, GradTiles, tile_slot, tile_slot_count
 
 __all__ = [
     "KERNEL_DTYPES",
@@ -474,9 +474,9 @@ def _tile_logs(
     other side of the query (and to padded queries)."""
     # z2 = z * log2(e); the per-key bias fuses into the scaling (one FFMA)
     z2 = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale2 + kbias[None, :]
-    if BIAS_FN is not None:  # the score-bias hook (token indices clamped to the sequence)
+    if BIAS_FN is not None:  # the score-bias hook (queries clamped; keys past the end: NEG)
         z2 += BIAS_FN(
-            tl.minimum(rows, seq_len - 1)[:, None], tl.minimum(cols, seq_len - 1)[None, :],
+            tl.minimum(rows, seq_len - 1)[:, None], cols[None, :],
             pos_i[:, None], pos_j[None, :], bias_params, True,
         )  # fmt: skip
     # softplus(z) = max(z, 0) + log(1 + e^-|z|); logsigmoid(z) = min(z, 0) - log(1 + e^-|z|);
@@ -1645,8 +1645,13 @@ def fitting_configs(
     first entries are the same config, :func:`pick_config`'s; the interpreter has one.
     """
     if block is not None:
-        if not isinstance(block, int) or block < 16 or block & (block - 1):
-            raise ValueError(f"block must be a power of two >= 16, got {block!r}")
+        # at most DIAGONAL_KEY_PAD: a key block past the sequence's end stays in the
+        # per-diagonal table's padding (its kernels hand the hook unclamped key indices)
+        if (not isinstance(block, int) or block < 16 or block > DIAGONAL_KEY_PAD
+                or block & (block - 1)):  # fmt: skip
+            raise ValueError(
+                f"block must be a power of two from 16 to {DIAGONAL_KEY_PAD}, got {block!r}"
+            )
     limit = smem_per_block(device)
     if limit == 0:  # the interpreter
         size = block or 64

@@ -321,3 +321,90 @@ def test_table_gradient_slots_per_square_sub_tile(dkdv, causal):
             x[3], *x[:3], out, lse, positions, mask.to(device), bias_grad=True,
             configs={"dkdv": flash.FlashConfig(32, 16)}, **options,
         )  # fmt: skip
+
+
+if kernels_available():
+    import triton
+    import triton.language as tl
+    from course_lib.kernels.score_bias import diagonal_offset
+
+    @triton.jit
+    def _read_both_orientations(params, by_query, by_key, reach, far, seq, PAD: tl.constexpr):
+        """``by_query[a, b] = table[i_a - j_b]`` read as a kernel whose rows are queries reads
+        it, ``by_key[b, a]`` the same as one whose rows are keys, ``far = table[reach]``."""
+        rows = tl.arange(0, PAD)[:, None]
+        cols = tl.arange(0, PAD)[None, :]
+        i = tl.minimum(tl.arange(0, PAD), seq - 1)
+        j = tl.minimum(tl.arange(0, PAD), seq - 1)
+        tl.store(
+            by_query + rows * PAD + cols, tl.load(params + diagonal_offset(i[:, None], j[None, :]))
+        )
+        tl.store(
+            by_key + rows * PAD + cols, tl.load(params + diagonal_offset(i[None, :], j[:, None]))
+        )
+        tl.store(far, tl.load(params + diagonal_offset(reach, 0)))
+
+    @triton.jit
+    def _offsets_past_the_end(by_query, by_key, seq, ROWS: tl.constexpr, COLS: tl.constexpr):
+        """The offsets of queries ``< seq`` against keys ``0 .. COLS - 1``, unclamped (as the
+        stick-breaking kernels hand them to a hook), in both orientations."""
+        i = tl.minimum(tl.arange(0, ROWS), seq - 1)
+        j = tl.arange(0, COLS)
+        out = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+        tl.store(by_query + out, diagonal_offset(i[:, None], j[None, :]))
+        tl.store(by_key + out, tl.trans(diagonal_offset(i[None, :], j[:, None])))
+
+
+@pytest.mark.parametrize("seq", [1, 2, 3, 4, 5, 7, 8, 13, 33])
+def test_the_tables_kernel_layout_gives_every_diagonal_in_both_orientations(seq):
+    """The per-diagonal table goes to the kernels laid out for 16-byte reads
+    (``diagonal_layout``); ``diagonal_offset`` finds ``table[i - j]`` in it for every pair,
+    whether a tile's rows are queries (forward, dQ, stick-breaking) or keys (flash's dK/dV),
+    and for a scalar distance (the far constant). Values are distinct, so any wrong slot
+    shows; the last index is clamped, as the kernels clamp a tile's padding."""
+    from course_lib.kernels.score_bias import DIAGONAL_TABLE
+
+    device = kernel_device()
+    table = torch.arange(2 * seq - 1, dtype=torch.float32, device=device).view(1, 1, -1) + 100.0
+    pad = max(16, triton.next_power_of_2(seq))
+    by_query = torch.empty(pad, pad, device=device)
+    by_key = torch.empty(pad, pad, device=device)
+    for reach in range(seq):
+        far = torch.empty(1, device=device)
+        _read_both_orientations[(1,)](DIAGONAL_TABLE.pointer(table), by_query, by_key, reach,
+                                      far, seq, PAD=pad)  # fmt: skip
+        assert far.item() == table[0, 0, reach + seq - 1].item(), reach
+    idx = torch.arange(pad, device=device).clamp(max=seq - 1)
+    want = table[0, 0, idx[:, None] - idx[None, :] + seq - 1]  # [query, key]
+    assert torch.equal(by_query, want)
+    assert torch.equal(by_key, want.T)
+    batched = torch.zeros(2, 3, 2 * seq - 1, device=device)  # 16-byte aligned rows
+    stride_b, stride_h = DIAGONAL_TABLE.strides(batched)
+    assert stride_h % 32 == 0 and stride_b == 3 * stride_h
+    assert DIAGONAL_TABLE.strides(batched[:1]) == (0, stride_h)
+    assert DIAGONAL_TABLE.pointer(batched).storage_offset() % 4 == 0
+
+
+@pytest.mark.parametrize("seq", [1, 5, 64, 100])
+def test_keys_a_block_past_the_end_stay_inside_the_tables_layout(seq):
+    """A key block may reach ``DIAGONAL_KEY_PAD`` tokens past the last key (stick-breaking's
+    kernels pass key indices unclamped, and a forced block is at most that): every offset stays
+    inside the laid-out table, and a larger block is refused."""
+    from course_lib.kernels.score_bias import DIAGONAL_KEY_PAD, DIAGONAL_TABLE
+
+    from course_lib import runtime
+
+    device = kernel_device()
+    laid = DIAGONAL_TABLE.pointer(torch.zeros(1, 1, 2 * seq - 1, device=device))
+    last_key = seq - 1 + DIAGONAL_KEY_PAD
+    rows, cols = 16, triton.next_power_of_2(last_key + 1)
+    by_query = torch.empty(rows, cols, dtype=torch.int32, device=device)
+    by_key = torch.empty(rows, cols, dtype=torch.int32, device=device)
+    _offsets_past_the_end[(1,)](by_query, by_key, seq, ROWS=rows, COLS=cols)
+    for offsets in (by_query[:, : last_key + 1], by_key[:, : last_key + 1]):
+        assert offsets.min().item() >= -laid.storage_offset()
+        assert offsets.max().item() < laid.numel()
+    with pytest.raises(ValueError, match=f"power of two from 16 to {DIAGONAL_KEY_PAD}"):
+        runtime.load_kernel_module("stick_breaking").pick_config(
+            16, device, block=2 * DIAGONAL_KEY_PAD
+        )
