@@ -584,3 +584,29 @@ def test_readme_states_what_the_committed_report_says():
     assert {r["arch"] for r in rep["compiles"]} == set(targets.TARGETS)
     assert not rep["failures"] and all(r["ok"] and r["smem_ok"] for r in rep["compiles"])
     assert all("error" not in e and "plain_x_no" in e for e in rep["model"])
+
+
+def test_the_per_distance_table_is_read_four_diagonals_at_a_time():
+    """The per-distance table reaches the kernels laid out so that four consecutive keys of a
+    tile's row are one 16-byte load (``kernels/score_bias.py::diagonal_layout``). In the
+    committed report, the sm_90 forward and dQ loops of flash's per-distance row issue fewer
+    memory instructions per iteration beyond plain flash's than each thread holds pairs of the
+    tile; a table read along ``i - j`` (addresses running backwards) took one per pair and more.
+    The fewest of each kernel's loops is compared: the loop of unmasked tiles."""
+    from course_lib.gpu_static import readme
+
+    rep = json.loads(readme.REPORT.read_text())
+    compiles = {
+        (c["features"], c["head_dim"], c["kernel"]): c
+        for c in rep["compiles"]
+        if (c["family"], c["arch"], c["causal"], c["dtype"]) == ("flash", 90, True, "bf16")
+    }
+    for head_dim in (64, 128):
+        for kernel in ("forward", "dq"):
+            plain = compiles[("plain", head_dim, kernel)]
+            table = compiles[("tables+gain+diagonal_table(grad)", head_dim, kernel)]
+            rows, cols = (int(x) for x in table["tiles"].split("x"))
+            pairs_per_thread = rows * cols // (32 * table["warps"])
+            fewest = min(lp["counts"]["mem"] for lp in table["loops"])
+            extra = fewest - min(lp["counts"]["mem"] for lp in plain["loops"])
+            assert extra < pairs_per_thread, (head_dim, kernel, extra, pairs_per_thread)
