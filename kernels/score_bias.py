@@ -837,19 +837,39 @@ def diagonal_layout(table: torch.Tensor) -> torch.Tensor:
 
     both ``table[i - j]``, so that four consecutive keys (``o = 0``) or queries (``o = 1``) of a
     row are four consecutive floats. Eight copies of each value (one per ``(o, s)``), built by
-    one gather per call (``O(seq)`` per head); entries no pair reads repeat the table's ends.
+    one gather per call (``O(seq)`` per head; its index is built once per length and device);
+    entries no pair reads repeat the table's ends.
     """
-    diagonals = table.shape[-1]
-    seq = (diagonals + 1) // 2
-    low, high = _diagonal_reach(seq)
-    q = torch.arange(-low, high + 1, device=table.device).view(-1, 1, 1, 1)
-    o = torch.arange(2, device=table.device).view(1, 2, 1, 1)
-    s = torch.arange(4, device=table.device).view(1, 1, 4, 1)
-    r = torch.arange(4, device=table.device).view(1, 1, 1, 4)
-    distance = torch.where(o == 0, s - r - 4 * q, 4 * q + r - s)
-    index = (distance + seq - 1).clamp(0, diagonals - 1).reshape(-1)
+    low = _diagonal_reach((table.shape[-1] + 1) // 2)[0]
+    index = _layout_index(table.shape[-1], table.device)
     laid = table.index_select(-1, index).contiguous()  # [1 or batch, heads, 32 (low + high + 1)]
     return laid.reshape(-1)[32 * low :]
+
+
+_LAYOUT_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _layout_index(diagonals: int, device: torch.device) -> torch.Tensor:
+    """The table column each entry of :func:`diagonal_layout` holds (flat ``[q, o, s, r]``):
+    the same for every call at one length, so kept (the 16 latest lengths and devices) rather
+    than built per call, which on a GPU costs a handful of small launches on the host."""
+    key = (diagonals, torch.device(device))
+    if key not in _LAYOUT_INDEX:
+        if len(_LAYOUT_INDEX) >= 16:
+            _LAYOUT_INDEX.pop(next(iter(_LAYOUT_INDEX)))
+        _LAYOUT_INDEX[key] = _build_layout_index(diagonals, device)
+    return _LAYOUT_INDEX[key]
+
+
+def _build_layout_index(diagonals: int, device: torch.device) -> torch.Tensor:
+    seq = (diagonals + 1) // 2
+    low, high = _diagonal_reach(seq)
+    q = torch.arange(-low, high + 1, device=device).view(-1, 1, 1, 1)
+    o = torch.arange(2, device=device).view(1, 2, 1, 1)
+    s = torch.arange(4, device=device).view(1, 1, 4, 1)
+    r = torch.arange(4, device=device).view(1, 1, 1, 4)
+    distance = torch.where(o == 0, s - r - 4 * q, 4 * q + r - s)
+    return (distance + seq - 1).clamp(0, diagonals - 1).reshape(-1)
 
 
 __all__ += ["DIAGONAL_KEY_PAD", "diagonal_offset", "diagonal_layout", "diagonal_layout_strides"]
