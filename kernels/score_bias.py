@@ -846,22 +846,16 @@ def diagonal_layout(table: torch.Tensor) -> torch.Tensor:
     return laid.reshape(-1)[32 * low :]
 
 
-_LAYOUT_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+# Imported here, not at the top: Triton's compile key holds the line each ``@triton.jit``
+# function starts on, so a line added above them would make every kernel compile again.
+from functools import lru_cache  # noqa: E402
 
 
+@lru_cache(maxsize=16)
 def _layout_index(diagonals: int, device: torch.device) -> torch.Tensor:
     """The table column each entry of :func:`diagonal_layout` holds (flat ``[q, o, s, r]``):
     the same for every call at one length, so kept (the 16 latest lengths and devices) rather
     than built per call, which on a GPU costs a handful of small launches on the host."""
-    key = (diagonals, torch.device(device))
-    if key not in _LAYOUT_INDEX:
-        if len(_LAYOUT_INDEX) >= 16:
-            _LAYOUT_INDEX.pop(next(iter(_LAYOUT_INDEX)))
-        _LAYOUT_INDEX[key] = _build_layout_index(diagonals, device)
-    return _LAYOUT_INDEX[key]
-
-
-def _build_layout_index(diagonals: int, device: torch.device) -> torch.Tensor:
     seq = (diagonals + 1) // 2
     low, high = _diagonal_reach(seq)
     q = torch.arange(-low, high + 1, device=device).view(-1, 1, 1, 1)
