@@ -84,6 +84,15 @@ def test_report_check_prints_a_verdict(capsys):
     assert "✓ f: correct" in out and "wrong at 3" in out
 
 
+def test_report_check_says_how_many_problems_it_left_out(capsys):
+    assert notebook.report_check("f", [f"wrong at {i}" for i in range(11)]) is False
+    out = capsys.readouterr().out
+    assert "11 problem(s)" in out and "wrong at 4" in out and "wrong at 5" not in out
+    assert out.rstrip().endswith("... and 6 more")
+    notebook.report_check("f", [f"wrong at {i}" for i in range(5)])
+    assert "more" not in capsys.readouterr().out
+
+
 # -- agree and time_ms ------------------------------------------------------------------------
 
 

@@ -84,14 +84,21 @@ def exercise(learner_version: Callable, solution: Callable) -> Callable:
     return learner_version
 
 
+#: How many of an exercise's problems :func:`report_check` prints.
+_SHOWN_PROBLEMS = 5
+
+
 def report_check(name: str, failures: list[str]) -> bool:
-    """Print a verdict for an exercise: what is right, or the first things that are wrong."""
+    """Print a verdict for an exercise: what is right, or the first things that are wrong
+    (at most :data:`_SHOWN_PROBLEMS`, then how many more there are)."""
     if not failures:
         print(f"✓ {name}: correct")
         return True
     print(f"✗ {name}: not yet. {len(failures)} problem(s):")
-    for line in failures[:5]:
+    for line in failures[:_SHOWN_PROBLEMS]:
         print(f"  - {line}")
+    if len(failures) > _SHOWN_PROBLEMS:
+        print(f"  ... and {len(failures) - _SHOWN_PROBLEMS} more")
     return False
 
 

@@ -85,7 +85,9 @@ class Check:
     ``every_seed``: the notebook states it in general, so it must hold in every seed measured,
     not in seed 0 only. A chapter's test keeps the threshold :data:`MARGIN_FACTOR` spreads (the
     largest over all seeds, :func:`spreads`, and at least ``resolution``, the smallest step the
-    number can take) from every seed-0 value seen."""
+    number can take) from every seed-0 value seen. The margin the script records in the file
+    (:meth:`verdict`) divides by seed 0's own spread instead, which is never larger: the
+    file's margin can exceed the test's, never fall below it."""
 
     name: str
     threshold: float
@@ -102,7 +104,8 @@ class Check:
 
     def verdict(self) -> Verdict:
         """The same check as a :class:`Verdict` (what this module's script records): seed 0's
-        number, in every setting."""
+        number, in every setting; :func:`verdict_margins` takes its spread over those values,
+        that is seed 0's spread, not the largest over all seeds that a chapter's test uses."""
 
         def seed_0(values: Mapping[str, Mapping[str, float]]) -> float:
             return values["0"][self.name]
