@@ -166,7 +166,8 @@ def shift_test_curves(
 
 
 def plot_shift_test(shifts: torch.Tensor, curves: dict[str, torch.Tensor]) -> plt.Figure:
-    """The relative score changes of :func:`shift_test_curves` against the shift."""
+    """The pooled score changes ``mean |dS| / mean |S|`` of :func:`shift_test_curves` against the
+    shift."""
     fig, ax = plt.subplots(figsize=(6.8, 3.2))
     styles = {"RoPE": dict(color="k", lw=2)}
     for name, values in curves.items():
@@ -180,7 +181,7 @@ def plot_shift_test(shifts: torch.Tensor, curves: dict[str, torch.Tensor]) -> pl
         )
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlim(0, float(shifts[-1]))
-    ax.set(xlabel="common shift s of both positions", ylabel="mean |score change| (%)")
+    ax.set(xlabel="common shift s of both positions", ylabel="pooled change (%)")
     ax.set_title("Shift test: score of (s + 5, s) vs (5, 0)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     return fig

@@ -34,10 +34,13 @@ def rotation_matrix(angle: float | torch.Tensor) -> torch.Tensor:
 def roformer_bound(head_dim: int, max_distance: int, *, base: float = 10000.0) -> torch.Tensor:
     """RoFormer's long-term-decay bound (Su et al. 2021, section 3.4.3), ``[max_distance + 1]``.
 
-    With ``h_t = q_t conj(k_t)`` (pairs as complex numbers) and ``S_j = sum_{t<j} e^{i d theta_t}``,
-    Abel summation gives ``|q . R(d) k| <= max_t |h_{t+1} - h_t| * sum_{j=1}^{D/2} |S_j|``. This
-    returns the factor RoFormer plots, ``(1 / (D/2)) sum_{j=1}^{D/2} |S_j(d)|`` (``D/2 + 1) / 2`` at
-    ``d = 0``), float64.
+    With ``h_t = q_t conj(k_t)`` for pairs ``t = 0 .. D/2 - 1`` (pairs as complex numbers),
+    ``S_j = sum_{t<j} e^{i d theta_t}`` (``S_0 = 0``) and the convention ``h_{D/2} = 0``, Abel
+    summation gives ``|q . R(d) k| <= max_{0 <= t < D/2} |h_{t+1} - h_t| * sum_{j=1}^{D/2} |S_j|``;
+    the maximum includes ``|h_{D/2} - h_{D/2-1}| = |h_{D/2-1}|`` (without it the bound is false:
+    ``q = k`` all ones has every difference 0 and score ``D`` at ``d = 0``). This returns the
+    bound's distance factor, the mean RoFormer plots, ``(1 / (D/2)) sum_{j=1}^{D/2} |S_j(d)|``
+    (``(D/2 + 1) / 2`` at ``d = 0``), float64.
     """
     theta = rope_inverse_frequencies(head_dim, base).double()  # [D/2]
     distance = torch.arange(max_distance + 1, dtype=torch.float64)
@@ -59,7 +62,8 @@ def rope_score_vs_distance(
     With pairs as complex numbers, ``q . R(d) k = Re sum_t q_t conj(k_t) exp(i d theta_t)``.
     Returns float64 curves ``[max_distance + 1]`` (and ``"distance"``):
 
-    * ``"bound"``: :func:`roformer_bound`, the factor of RoFormer's upper bound on ``|score|``;
+    * ``"bound"``: :func:`roformer_bound`, the distance factor of RoFormer's upper bound on
+      ``|score|``;
     * ``"ones"``: ``q = k = (1, ..., 1)``, score divided by its value at ``d = 0``, i.e.
       ``mean_t cos(d theta_t)`` (also the expected curve of a random Gaussian ``q = k``);
     * ``"independent"``: independent Gaussian ``q, k``, the mean ``|score|`` over ``samples``
@@ -111,8 +115,9 @@ def plot_pair_rotation(x: torch.Tensor, theta: float, positions: range) -> plt.F
 
 
 def plot_score_vs_distance(curves: dict[str, torch.Tensor], head_dim: int) -> plt.Figure:
-    """Left: RoFormer's bound against the distance. Right: two scores relative to their value at
-    distance 0, ``q = k`` and independent ``q, k`` (curves of :func:`rope_score_vs_distance`)."""
+    """Left: the distance factor of RoFormer's bound against the distance. Right: two scores
+    relative to their value at distance 0, ``q = k`` and independent ``q, k`` (curves of
+    :func:`rope_score_vs_distance`)."""
     fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.3))
     d = curves["distance"].numpy()
     ax = axes[0]
@@ -121,7 +126,7 @@ def plot_score_vs_distance(curves: dict[str, torch.Tensor], head_dim: int) -> pl
     ax.set_xlim(0, d[-1])
     ax.set_ylim(bottom=0)
     ax.set(xlabel="distance m − n (tokens)", ylabel="(1/(D/2)) Σ_j |S_j|")
-    ax.set_title(f"RoFormer's bound on |score| (head_dim {head_dim})", fontsize=10)
+    ax.set_title(f"distance factor of RoFormer's bound (head_dim {head_dim})", fontsize=10)
     ax = axes[1]
     ax.plot(d, curves["ones"].numpy(), lw=1, label="q = k: score")
     independent = curves["independent"]
