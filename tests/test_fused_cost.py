@@ -65,6 +65,8 @@ def test_the_print_says_what_is_modelled_and_what_was_measured(capsys):
     # beside each H200 time, the calibrated model of the kernels it timed (method left out)
     assert "; the calibrated model of those kernels (fitted without T5): 4.70x" in out
     assert out.count("calibrated model of those kernels") == 1  # CoPE has no model
+    # CoPE's row was timed with the check's default module: as many counts as tokens
+    assert "head_dim 64, npos 4096 (= seq): " in out and out.count("npos") == 1
 
 
 def test_the_model_of_the_measured_kernels_is_near_what_they_measured():

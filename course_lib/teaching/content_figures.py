@@ -52,13 +52,19 @@ def cope_preference(npos: int, target: int = 1, strength: float = 4.0) -> torch.
 
 
 def family_weights(
-    tokens: list[str], gate_bias: float = -4.0, npos: int = 8, separator_weight: float = 8.0
+    tokens: list[str],
+    gate_bias: float = -4.0,
+    npos: int = 8,
+    separator_weight: float = 8.0,
+    cope_strength: float = 4.0,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """``name -> (weights [n, n], running sum [n, n])`` for the three encodings (float64).
 
     ``weights``: the attention each query ``i`` (row) puts on each key ``j <= i`` (stick-breaking:
     without the leftover, which goes to the query's own value). ``running sum``: what each one
-    sums over the keys between ``j`` and ``i`` (see the module docstring).
+    sums over the keys between ``j`` and ``i`` (see the module docstring). ``cope_strength``:
+    that of :func:`cope_preference` (0: a zero table, CoPE without a preferred count);
+    ``separator_weight`` 0: every token gets the same gate.
     """
     if len(tokens) < 2:
         raise ValueError("type at least two tokens")
@@ -85,7 +91,8 @@ def family_weights(
     # CoPE: q_i = (sqrt 2, 1), k_j = (a_j, 0), so s_ij = a_j; e[p] = (0, z[p])
     q = torch.tensor([math.sqrt(2.0), 1.0], dtype=torch.float64).expand(1, 1, n, 2)
     k = torch.stack((a, torch.zeros_like(a)), -1).view(1, 1, n, 2)
-    table = torch.stack((torch.zeros(npos, dtype=torch.float64), cope_preference(npos)), -1)
+    preference = cope_preference(npos, strength=cope_strength)
+    table = torch.stack((torch.zeros(npos, dtype=torch.float64), preference), -1)
     cope = attention_weights(q, k, method="cope", causal=True, position_embeddings=table)[0, 0]
     counts = contextual_positions(rows, causal, npos=10**6)  # before the clamp
     return {

@@ -51,6 +51,13 @@ def runs(method: str) -> tuple[str, str, bool]:
     return family, features, alone
 
 
+#: the module settings of a measured row that are not the course's: the GPU check times each
+#: method's module as built with ``max_position_embeddings = max(seq, 512)``
+#: (:func:`course_lib.gpu_check.cases.method_params`), and CoPE's ``npos`` defaults to it, so
+#: its row at 4096 tokens holds 4096 counts (a ``z`` table as large as the scores; the course's
+#: models count to 7 or 63); a variant such as ``npos=64`` is a row of its own (``cope npos=64``)
+MEASURED_WITH = {"cope": "npos 4096 (= seq)"}
+
 #: what the kernels of each family cost, by name (the extra work per kernel is printed)
 _KERNEL_NAMES = {
     "flash": {"forward": "forward", "dkdv": "dK/dV", "dq": "dQ"},
@@ -171,7 +178,8 @@ def print_fused_costs(methods: tuple[str, ...]) -> None:
             print(f"    static model: not modelled ({calibrate.UNMODELLED.get(m, '')})")
         if cost["measured"] is not None:
             then = cost.get("measured_model")
-            print(f"    measured on the {gpu}, head_dim 64: {_times(cost['measured'])}"
+            shape = f", {MEASURED_WITH[m]}" if m in MEASURED_WITH else ""
+            print(f"    measured on the {gpu}, head_dim 64{shape}: {_times(cost['measured'])}"
                   + ("" if then is None else f"; the calibrated model of those kernels "
                      f"(fitted without {_LABELS.get(m, m)}): {_times(then)}"))  # fmt: skip
         if modelled:
