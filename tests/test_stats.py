@@ -105,6 +105,7 @@ def test_a_small_difference_is_not_called_and_a_large_one_is():
     verdict = judge(small, [claim])[claim]
     assert verdict.p_value < 1e-4  # the seeds agree ...
     assert verdict.verdict == "within noise"  # ... but 0.01 nats is below the minimum effect
+    assert verdict.text().endswith("(within noise: smaller than the minimum effect of 0.02)")
     large = [_run("a", s, 2.0 + 0.01 * s) for s in range(6)]
     large += [_run("b", s, 2.1 + 0.01 * s + 0.002 * (s % 2)) for s in range(6)]
     verdict = judge(large, [claim])[claim]
@@ -126,6 +127,8 @@ def test_holm_makes_a_moderate_difference_within_noise_in_a_large_family():
         min(1.0, 201 * alone.p_value)
     )
     assert crowded.verdict == "within noise"
+    # Holm's p, printed on the line, says why: no reason is added
+    assert crowded.reason() is None and crowded.text().endswith("(within noise)")
 
 
 def test_noise_in_the_evaluation_text_withdraws_a_call():
@@ -145,6 +148,10 @@ def test_noise_in_the_evaluation_text_withdraws_a_call():
     assert judge(runs(True), [claim])[claim].verdict == "higher"
     noisy = judge(runs(False), [claim])[claim]
     assert noisy.eval_se > noisy.estimate / 4 and noisy.verdict == "within noise"
+    ratio = f"{noisy.eval_se / noisy.estimate:.2f}"
+    why = f"the test text's standard error is {ratio} of the estimate, a call needs under 0.25"
+    assert noisy.reason() == why
+    assert noisy.text().endswith(f"(within noise: {noisy.reason()})")
 
 
 def test_bounds_and_changes():

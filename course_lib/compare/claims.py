@@ -153,14 +153,47 @@ class Verdict:
     def called(self) -> bool:
         return self.verdict not in ("within noise", "not shown")
 
+    def distance(self) -> float:
+        """How far the estimate is from what the claim tests against: 0 for a difference or a
+        change, the stated value for a bound (positive on the claimed side)."""
+        if isinstance(self.claim, Bound):
+            gap = self.estimate - self.claim.value
+            return gap if self.claim.side == "above" else -gap
+        return abs(self.estimate)
+
+    def reason(self) -> str | None:
+        """Why a claim whose Holm-adjusted p-value passes is still not called: the rules of the
+        module docstring it fails (2, the minimum effect or the bound's side; 3, the evaluation
+        text's noise), or None (called, or Holm's p, printed beside it, already fails)."""
+        if self.called or self.p_holm >= ALPHA:
+            return None
+        distance = self.distance()
+        failed = []
+        if isinstance(self.claim, Bound):
+            if distance <= 0:
+                failed.append(f"the mean is not {self.claim.side} {self.claim.value:g}")
+        else:
+            minimum = MIN_EFFECT.get(METRICS[self.claim.metric].kind, 0.0)
+            if distance < minimum:
+                failed.append(f"smaller than the minimum effect of {minimum:g}")
+        if self.eval_se is not None and not self.eval_se < distance / 4:
+            share = f"{self.eval_se / distance:.2f}" if distance > 0 else "more than 0.25"
+            failed.append(
+                f"the test text's standard error is {share} of the estimate, a call needs under 0.25"
+            )
+        return "; ".join(failed) or None
+
     def text(self) -> str:
-        """``estimate [95% interval], p = ..., Holm p = ... (verdict)``."""
+        """``estimate [95% interval], p = ..., Holm p = ... (verdict)``, the verdict followed by
+        :meth:`reason` when Holm's p passes but another rule does not."""
         digits = METRICS[self.claim.metric].digits
         lo, hi = self.ci
         sign = "+" if not isinstance(self.claim, Bound) else ""
+        why = self.reason()
+        verdict = self.verdict if why is None else f"{self.verdict}: {why}"
         return (
             f"{self.estimate:{sign}.{digits}f} [{lo:{sign}.{digits}f}, {hi:{sign}.{digits}f}], "
-            f"p {_p_text(self.p_value)}, Holm p {_p_text(self.p_holm)} ({self.verdict})"
+            f"p {_p_text(self.p_value)}, Holm p {_p_text(self.p_holm)} ({verdict})"
         )
 
 

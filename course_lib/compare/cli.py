@@ -340,13 +340,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _slice_note(preset, args: argparse.Namespace, out_dir: Path) -> str:
-    """What a call with ``--budget-minutes`` leaves: how many of the sweep's and of the scored
-    runs have their results file, and what to do next."""
+    """What a call with ``--budget-minutes`` leaves (:func:`slice_note`)."""
     arms = (
         *(args.encodings or preset.encoding_names()),
         *(a for a in (args.ablations or preset.ablations) if a != "none"),
     )
-    sweep, runs = comparison_plan(preset, arms, args.seeds, args.objectives)
+    return slice_note(preset, out_dir, arms, args.seeds, args.objectives)
+
+
+def slice_note(preset, out_dir, arms=None, seeds=None, objectives=None) -> str:
+    """What a slice of the comparison (``budget_seconds``, ``--budget-minutes``) leaves in
+    ``out_dir``: how many of the sweep's and of the scored runs of :func:`comparison_plan`
+    (``arms``, ``seeds`` and ``objectives`` default to the preset's) have their results file,
+    and what to do next. Notebook 10's run-it-yourself cell prints it too."""
+    out_dir = Path(out_dir)
+    sweep, runs = comparison_plan(preset, arms, seeds, objectives)
     swept = sum((out_dir / "sweep" / f"{sweep_name(*item)}.json").exists() for item in sweep)
     made = sum((out_dir / f"{run_name(*item)}.json").exists() for item in runs)
     left = len(sweep) - swept + len(runs) - made
