@@ -159,8 +159,8 @@ if kernels_available():
         acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
         OPTIONS: tl.constexpr = None,
     ):  # fmt: skip
-        """Per key column ``j``: ``acc[2 j] += sum_i dS_ij (-log(1 + r2 d))`` and ``acc[2 j +
-        1] += sum_i dS_ij (-r1 d / (1 + r2 d))``, ``d = |p_i - p_j|``."""
+        """Per row ``r`` of the tile (``_add_sums``): ``acc[2 r] += sum_c dS_rc (-log(1 + r2
+        d))`` and ``acc[2 r + 1] += sum_c dS_rc (-r1 d / (1 + r2 d))``, ``d = |p_i - p_j|``."""
         r1 = tl.load(params)
         r2 = tl.load(params + 1)
         distance = _distance_again(pos_q, pos_k)
@@ -192,8 +192,8 @@ if kernels_available():
         acc, ds, idx_q, idx_k, pos_q, pos_k, params, QUERY_AXIS: tl.constexpr,
         OPTIONS: tl.constexpr = None,
     ):  # fmt: skip
-        """Per key column ``j``: ``acc[2 j] += sum_i dS_ij (-d^r2)`` and ``acc[2 j + 1] +=
-        sum_i dS_ij (-r1 d^r2 log d)``, ``d = |p_i - p_j|``."""
+        """Per row ``r`` of the tile (``_add_sums``): ``acc[2 r] += sum_c dS_rc (-d^r2)`` and
+        ``acc[2 r + 1] += sum_c dS_rc (-r1 d^r2 log d)``, ``d = |p_i - p_j|``."""
         r1 = tl.load(params)
         powered, log2_d = _power_terms(_distance_again(pos_q, pos_k), tl.load(params + 1))
         d_r1 = -(ds * powered)
