@@ -11,6 +11,7 @@ does not apply::
     permutation   only an encoding with no position signal is permutation-equivariant
     shift         shifting every position changes nothing exactly when the record says ``relative``
     distance      the score bias is one value per diagonal i - j exactly when it says ``distance_only``
+    learnable     the module has parameters beyond the projections exactly when it says ``learnable``
     padding       padded keys do not change the real tokens' outputs
     decoding      cached decoding, one token at a time, equals the full pass
     gradients     float64 gradcheck of q, k, v and the encoding's own parameters (padding, offsets)
@@ -212,6 +213,21 @@ def check_distance(name: str) -> str:
             else "its score bias depends on more than the distance i - j")  # fmt: skip
 
 
+def check_learnable(name: str) -> str:
+    spec = get_encoding(name)
+    own = [pname for pname, p in make_module(name).named_parameters()
+           if p.requires_grad and pname.split(".")[0] not in PROJECTIONS]  # fmt: skip
+    found = f"trainable parameters of its own ({', '.join(own)})" if own else "none of its own"
+    assert bool(own) == spec.learnable, (
+        f"the module has {found} beyond the projections, but the record says "
+        f"learnable={spec.learnable}"
+    )
+    if not own:
+        return "no trainable parameters beyond the projections (not learnable)"
+    shown = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
+    return f"trainable parameters of its own: {shown} (learnable)"
+
+
 def check_padding(name: str) -> str:
     module = make_module(name)
     x = torch.randn(1, 6, 32, generator=_gen(6), dtype=torch.float64)
@@ -370,6 +386,7 @@ CHECKS: dict[str, Callable[[str], str]] = {
     "permutation": check_permutation,
     "shift": check_shift,
     "distance": check_distance,
+    "learnable": check_learnable,
     "padding": check_padding,
     "decoding": check_decoding,
     "gradients": check_gradients,

@@ -3,7 +3,7 @@
 The checks live in :mod:`course_lib.conformance` (``check_encoding(name)`` runs them for a learner
 and prints a report); here each one is a test per encoding. An encoding added to
 ``course_lib.encodings`` is picked up with no edit: shapes, the causal mask, permutation
-behaviour, the shift property its record claims, padding, cached decoding equals the full pass,
+behaviour, the shift, distance and learnable claims of its record, padding, cached decoding equals the full pass,
 float64 gradcheck, clear errors for bad input, and the fused kernels against the reference
 (outputs and gradients, padding, causal and bidirectional where allowed; generation).
 """
@@ -58,6 +58,17 @@ def test_check_encoding_reports_each_check_and_a_failure_in_words(monkeypatch):
         check_encoding("rope", checks=["shapez"])
     with pytest.raises(ValueError, match="valid"):
         check_encoding("ropez")
+
+
+def test_a_wrong_learnable_claim_fails_both_ways(monkeypatch):
+    """``learnable`` is read off the module: its trainable parameters beyond the projections."""
+    for name, claim in (("t5", False), ("alibi", True)):
+        monkeypatch.setitem(registry._REGISTRY, name, replace(get_encoding(name), learnable=claim))
+        (check,) = check_encoding(name, checks=["learnable"]).checks
+        assert check.status == "FAIL" and f"learnable={claim}" in check.detail
+    monkeypatch.undo()
+    (check,) = check_encoding("t5", checks=["learnable"]).checks
+    assert check.status == "pass" and "bias_table" in check.detail
 
 
 def test_a_check_that_raises_is_a_failure_naming_the_exception(monkeypatch):
