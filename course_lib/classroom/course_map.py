@@ -97,7 +97,7 @@ CHAPTERS = (
 
 PATHS = """\
 * **Core path**: 00 → 01 → 02 → 03. Take 01b before the first kernel swap you want to read
-  closely; every chapter's last section swaps in a kernel that 01b explains.
+  closely; every chapter has a section that swaps in a kernel that 01b explains.
 * **The implementation report's encodings**: 04 and 05, in either order, after 03.
 * **06-09**: 06 needs 01 and 03 (its experiment trains sinusoidal and RoPE models). 07 needs
   06 and 05: its experiment sets ALiBi and stick-breaking beside the scaled RoPEs. 08 needs 05
