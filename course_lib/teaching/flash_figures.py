@@ -11,7 +11,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-__all__ = ["online_softmax_trace", "plot_online_softmax", "flash_explorer"]
+__all__ = ["online_softmax_trace", "plot_online_softmax", "explorer_inputs", "flash_explorer"]
 
 
 def online_softmax_trace(
@@ -80,13 +80,22 @@ def plot_online_softmax(scores: torch.Tensor, values: torch.Tensor, block_size: 
     return fig
 
 
-def flash_explorer(block_size: int = 8, spike_at: int = 40, num_keys: int = 64, seed: int = 0):
-    """The explorer's figure: random scores with one large score at key ``spike_at``, in blocks
-    of ``block_size``. Watch ``m_t`` jump at the spike's block and the output follow it."""
+def explorer_inputs(
+    spike_at: int = 40, num_keys: int = 64, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The explorer's scores and values (float64 ``[num_keys]``): standard normal, seeded, with
+    the score of key ``spike_at`` set to 6."""
     if not 0 <= spike_at < num_keys:
         raise ValueError(f"spike_at must be in 0..{num_keys - 1}, got {spike_at}")
     gen = torch.Generator().manual_seed(seed)
     scores = torch.randn(num_keys, generator=gen, dtype=torch.float64)
     values = torch.randn(num_keys, generator=gen, dtype=torch.float64)
     scores[spike_at] = 6.0
-    return plot_online_softmax(scores, values, block_size)
+    return scores, values
+
+
+def flash_explorer(block_size: int = 8, spike_at: int = 40, num_keys: int = 64, seed: int = 0):
+    """The explorer's figure: random scores with one large score at key ``spike_at``, in blocks
+    of ``block_size`` (:func:`explorer_inputs`). Watch ``m_t`` jump at the spike's block and the
+    output follow it."""
+    return plot_online_softmax(*explorer_inputs(spike_at, num_keys, seed), block_size)
