@@ -57,15 +57,21 @@ def causal_modes(name: str) -> list[bool]:
     return [True] if get_encoding(name).causal_only else [True, False]
 
 
+def own_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The module's trainable parameters beyond the q, k, v and output projections: the
+    encoding's own (``name -> parameter``)."""
+    return {pname: p for pname, p in module.named_parameters()
+            if p.requires_grad and pname.split(".")[0] not in PROJECTIONS}  # fmt: skip
+
+
 def make_module(name, hidden=32, heads=4, dtype=torch.float64, backend="reference", seed=0):
     """The encoding's module, with its own parameters drawn from N(0, 0.5) instead of their
     initial values (so a gradient or a penalty that should matter does)."""
     torch.manual_seed(seed)
     module = get_attention_class(name)(hidden, heads, max_position_embeddings=64, backend=backend)
     with torch.no_grad():
-        for pname, p in module.named_parameters():
-            if pname.split(".")[0] not in PROJECTIONS:
-                p.normal_(0.0, 0.5, generator=_gen(seed + 1))
+        for p in own_parameters(module).values():
+            p.normal_(0.0, 0.5, generator=_gen(seed + 1))
     return module.to(dtype)
 
 
@@ -215,8 +221,7 @@ def check_distance(name: str) -> str:
 
 def check_learnable(name: str) -> str:
     spec = get_encoding(name)
-    own = [pname for pname, p in make_module(name).named_parameters()
-           if p.requires_grad and pname.split(".")[0] not in PROJECTIONS]  # fmt: skip
+    own = list(own_parameters(make_module(name)))
     found = f"trainable parameters of its own ({', '.join(own)})" if own else "none of its own"
     assert bool(own) == spec.learnable, (
         f"the module has {found} beyond the projections, but the record says "

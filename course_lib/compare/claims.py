@@ -138,7 +138,8 @@ class Verdict:
     """A claim's test: the ``estimate`` (mean over seeds of the difference, the change or the
     value), its 95% t interval over seeds, the uncorrected and Holm-adjusted p-values, the
     bootstrap standard error from the evaluation text (None when the metric has no units), the
-    number of seeds, and the ``verdict``."""
+    number of seeds, the ``verdict``, and ``failed``: the rules other than Holm's p that the
+    claim fails (the minimum effect or the bound's side, the evaluation text's noise), in words."""
 
     claim: Claim
     estimate: float
@@ -148,40 +149,19 @@ class Verdict:
     eval_se: float | None
     seeds: int
     verdict: str
+    failed: tuple[str, ...] = ()
 
     @property
     def called(self) -> bool:
         return self.verdict not in ("within noise", "not shown")
 
-    def distance(self) -> float:
-        """How far the estimate is from what the claim tests against: 0 for a difference or a
-        change, the stated value for a bound (positive on the claimed side)."""
-        if isinstance(self.claim, Bound):
-            gap = self.estimate - self.claim.value
-            return gap if self.claim.side == "above" else -gap
-        return abs(self.estimate)
-
     def reason(self) -> str | None:
-        """Why a claim whose Holm-adjusted p-value passes is still not called: the rules of the
-        module docstring it fails (2, the minimum effect or the bound's side; 3, the evaluation
-        text's noise), or None (called, or Holm's p, printed beside it, already fails)."""
-        if self.called or self.p_holm >= ALPHA:
+        """Why a claim whose Holm-adjusted p-value passes is still not called: the other rules
+        of the module docstring it fails (:attr:`failed`, from :func:`judge`), or None (called,
+        or Holm's p, printed beside it, already fails)."""
+        if self.called or self.p_holm >= ALPHA or not self.failed:
             return None
-        distance = self.distance()
-        failed = []
-        if isinstance(self.claim, Bound):
-            if distance <= 0:
-                failed.append(f"the mean is not {self.claim.side} {self.claim.value:g}")
-        else:
-            minimum = MIN_EFFECT.get(METRICS[self.claim.metric].kind, 0.0)
-            if distance < minimum:
-                failed.append(f"smaller than the minimum effect of {minimum:g}")
-        if self.eval_se is not None and not self.eval_se < distance / 4:
-            share = f"{self.eval_se / distance:.2f}" if distance > 0 else "more than 0.25"
-            failed.append(
-                f"the test text's standard error is {share} of the estimate, a call needs under 0.25"
-            )
-        return "; ".join(failed) or None
+        return "; ".join(self.failed)
 
     def text(self) -> str:
         """``estimate [95% interval], p = ..., Holm p = ... (verdict)``, the verdict followed by
@@ -506,12 +486,24 @@ def judge(results: list[dict], claims: list[Claim] | None = None) -> dict[Claim,
             missing = "not shown"
         else:
             distance = abs(estimate)
-            effect_ok = distance >= MIN_EFFECT.get(METRICS[claim.metric].kind, 0.0)
+            minimum = MIN_EFFECT.get(METRICS[claim.metric].kind, 0.0)
+            effect_ok = distance >= minimum
             called = "lower" if estimate < 0 else "higher"
             missing = "within noise"
         noise_ok = eval_se is None or eval_se < distance / 4
-        verdict = called if (p_holm < ALPHA and effect_ok and noise_ok) else missing
-        verdicts[claim] = Verdict(claim, estimate, ci, p, p_holm, eval_se, n, verdict)
+        failed = []
+        if not effect_ok:
+            failed.append(f"the mean is not {claim.side} {claim.value:g}" if isinstance(claim, Bound)
+                          else f"smaller than the minimum effect of {minimum:g}")  # fmt: skip
+        if not noise_ok:
+            share = f"{eval_se / distance:.2f}" if distance > 0 else "more than 0.25"
+            failed.append(
+                f"the test text's standard error is {share} of the estimate, a call needs under 0.25"
+            )
+        verdict = called if (p_holm < ALPHA and not failed) else missing
+        verdicts[claim] = Verdict(
+            claim, estimate, ci, p, p_holm, eval_se, n, verdict, failed=tuple(failed)
+        )
     return verdicts
 
 
